@@ -1,0 +1,17 @@
+"""Entry point of group ``verl.plugins``: verl imports this module on ``import verl`` in every process
+(driver and Ray workers), so everything we register with verl is registered here.
+
+verl swallows exceptions raised while loading a plugin (it logs them at debug level only), so a broken
+plugin would silently leave ``adv_estimator=mgrpo`` unknown. :func:`ensure_registered` lets our own
+entry points re-run the registration and see the real error.
+"""
+
+from __future__ import annotations
+
+
+def ensure_registered() -> None:
+    """Register our estimators with verl (idempotent); raises if that is impossible."""
+    import mgrpo_verl.algorithms.verl_registry  # noqa: F401  (registers on import)
+
+
+ensure_registered()
