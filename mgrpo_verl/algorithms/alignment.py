@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from mgrpo_verl.algorithms.fields import require_non_tensor, require_tensor
-from mgrpo_verl.algorithms.grouping import factorize
+from mgrpo_verl.algorithms.grouping import factorize, gather_rows
 from mgrpo_verl.algorithms.hierarchy import resolve_parents
 
 #: Slot kinds in an :class:`AlignmentPlan`.
@@ -106,11 +106,12 @@ def plan_alignment(
     source = np.full((n_main * n_agents, d), -1, dtype=np.int64)
     kind = np.full((n_main * n_agents, d), PADDING, dtype=np.int8)
 
-    # Rank every call inside its group: original order when d <= D, a random order when d > D
-    # (np.lexsort is stable, so a constant secondary key keeps the original order).
+    # Rank every call inside its group: original order when d <= D, a random order when d > D.
+    # One stable float sort on key + u/2 with u in [0, 1) orders by (key, u): the key is an exact integer
+    # in float64 (< 2**53), and rows already grouped by parent make the sort nearly linear.
     over = calls[key] > d
     secondary = np.where(over, rng.random(n_sub), 0.0)
-    order = np.lexsort((secondary, key))
+    order = np.argsort(key + 0.5 * secondary, kind="stable")
     starts = np.cumsum(calls) - calls
     rank = np.empty(n_sub, dtype=np.int64)
     rank[order] = np.arange(n_sub) - starts[key[order]]
@@ -152,12 +153,11 @@ def _take_rows(data: Any, index: np.ndarray) -> Any:
     """
     from tensordict import TensorDict
 
-    rows = torch.from_numpy(index)
     gathered: dict[int, torch.Tensor] = {}
     tensors = {}
     for name, tensor in data.batch.items():
         if id(tensor) not in gathered:
-            gathered[id(tensor)] = torch.index_select(tensor, 0, rows)
+            gathered[id(tensor)] = gather_rows(tensor, index)
         tensors[name] = gathered[id(tensor)]
     batch = TensorDict(tensors, batch_size=(len(index),), device=data.batch.device)
     non_tensor = {name: value[index] for name, value in data.non_tensor_batch.items()}

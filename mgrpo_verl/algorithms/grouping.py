@@ -72,3 +72,22 @@ def group_mean_std(
 def broadcast_to_tokens(scalars: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(N,) row scalars → (N, L) token values, zero outside the response: ``scalars[:, None] * mask``."""
     return scalars.to(response_mask.device).unsqueeze(-1) * response_mask
+
+
+def gather_rows(tensor: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    """``tensor[index]`` along dim 0, as a new tensor.
+
+    On CPU, ``numpy.take`` gathers rows several times faster than ``torch.index_select`` (measured
+    8x for a (1M, 32) float32 tensor on 2 cores, see benchmarks/bench_advantage.py); other devices and
+    dtypes numpy lacks (bfloat16) use ``torch.index_select``.
+
+    Args:
+        tensor: (N, ...) tensor.
+        index: (M,) int64 row indices.
+
+    Returns:
+        (M, ...) tensor on the same device.
+    """
+    if tensor.device.type == "cpu" and tensor.dtype != torch.bfloat16 and not tensor.requires_grad:
+        return torch.from_numpy(np.take(tensor.numpy(), index, axis=0))
+    return torch.index_select(tensor, 0, torch.from_numpy(index).to(tensor.device))
