@@ -7,7 +7,7 @@ per rollout, response length 32 by default). Timed, best of ``--repeats``:
 - ``compute_mgrpo_advantage`` (hierarchical credit, (agent, uid) groups);
 - ``align_trajectories`` (D_max = 2), which also materialises the aligned batch (a new
   (M * (1 + D), L) copy of every tensor), work GRPO does not do; the column "plan" is the part of it
-  that decides which row fills which slot (``plan_alignment``), without the copy.
+  that decides which row fills which slot (``plan_batch_alignment``), without the copy.
 
 Goals (issue 2): (advantage + alignment) <= 1.5x the reference, and 1M rows in under 1 s.
 
@@ -19,39 +19,21 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 from mgrpo_verl import align_trajectories, compute_mgrpo_advantage
-from mgrpo_verl.algorithms import plan_alignment
-from mgrpo_verl.algorithms.grouping import factorize
-from mgrpo_verl.algorithms.hierarchy import resolve_parents
+from mgrpo_verl.algorithms.alignment import plan_batch_alignment
 from mgrpo_verl.testing import random_mgrpo_batch
 
 
-def best_of(repeats: int, fn) -> float:
-    times = []
+def best_times(repeats: int, fns: dict) -> dict:
+    """Best wall time of each function, the functions interleaved in every round so that load from
+    other processes affects them alike."""
+    best = {name: float("inf") for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def time_plan(data, d_max: int, repeats: int) -> float:
-    """Alignment without the copy: resolve the hierarchy, encode labels, plan every slot."""
-    nt = data.non_tensor_batch
-
-    def plan() -> None:
-        parent_row = resolve_parents(nt["traj_id"], nt["parent_traj_id"], nt["uid"], "bench")
-        main_rows, sub_rows = np.flatnonzero(parent_row < 0), np.flatnonzero(parent_row >= 0)
-        position = np.empty(len(parent_row), dtype=np.int64)
-        position[main_rows] = np.arange(len(main_rows))
-        agent, names = factorize(nt["agent"][sub_rows], sort=True)
-        query, _ = factorize(nt["uid"])
-        plan_alignment(position[parent_row[sub_rows]], agent, query[sub_rows], query[main_rows], len(names), d_max,
-                       np.random.default_rng(0))
-
-    return best_of(repeats, plan)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def main() -> None:
@@ -76,10 +58,13 @@ def main() -> None:
         rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
         uid = data.non_tensor_batch["uid"]
         repeats = args.repeats if size < 1_000_000 else max(2, args.repeats // 2)
-        t_ref = best_of(repeats, lambda: compute_grpo_vectorized_outcome_advantage(rewards, mask, uid))
-        t_adv = best_of(repeats, lambda: compute_mgrpo_advantage(data))
-        t_align = best_of(repeats, lambda: align_trajectories(data, args.d_max, seed=0))
-        t_plan = time_plan(data, args.d_max, repeats)
+        best = best_times(repeats, {
+            "ref": lambda: compute_grpo_vectorized_outcome_advantage(rewards, mask, uid),
+            "adv": lambda: compute_mgrpo_advantage(data),
+            "align": lambda: align_trajectories(data, args.d_max, seed=0),
+            "plan": lambda: plan_batch_alignment(data, args.d_max, seed=0),
+        })
+        t_ref, t_adv, t_align, t_plan = best["ref"], best["adv"], best["align"], best["plan"]
         total = t_adv + t_align
         ratio = total / t_ref
         goals = f"ratio<=1.5:{'yes' if ratio <= 1.5 else 'NO'}"

@@ -31,12 +31,12 @@ fi
 PY="$MGRPO_VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' 2>/dev/null; then
+if ! "$PY" -W ignore -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' 2>/dev/null; then
   echo "setup_env: installing torch 2.13.0 (CPU build)"
   "$PY" -m pip install -q "torch==2.13.0+cpu" 2>/dev/null \
     || "$PY" -m pip install -q "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
 fi
-"$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None or __import__("os").environ.get("MGRPO_ALLOW_CUDA_TORCH") else 1)' \
+"$PY" -W ignore -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None or __import__("os").environ.get("MGRPO_ALLOW_CUDA_TORCH") else 1)' \
   || { echo "setup_env: the venv holds a CUDA build of torch; this CPU set-up wants the CPU build (set MGRPO_ALLOW_CUDA_TORCH=1 to keep it)" >&2; exit 1; }
 
 stamp="$MGRPO_VENV/.mgrpo_installed"
@@ -49,6 +49,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$PY" -c 'import mgrpo_verl, verl' || { echo "setup_env: installation failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
-"$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' \
+"$PY" -W ignore -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' \
   || { echo "setup_env: torch was replaced during the install; expected 2.13.0" >&2; exit 1; }
 export PATH="$MGRPO_VENV/bin:$PATH"

@@ -122,7 +122,7 @@ def plan_alignment(
     # 0 < d < D: fill the remaining slots with copies of the group's own calls.
     slot = np.arange(d)[None, :]
     g, j = np.nonzero((calls[:, None] > 0) & (slot >= calls[:, None]))
-    pick = (rng.random(len(g)) * calls[g]).astype(np.int64)
+    pick = np.minimum((rng.random(len(g)) * calls[g]).astype(np.int64), calls[g] - 1)
     source[g, j] = order[starts[g] + pick]
     kind[g, j] = DUPLICATE
 
@@ -137,7 +137,8 @@ def plan_alignment(
         want = (empty % n_agents) * n_query + main_query[empty // n_agents]
         has = pool_size[want] > 0
         g, want = empty[has], want[has]
-        pick = (rng.random((len(g), d)) * pool_size[want][:, None]).astype(np.int64)
+        size = pool_size[want][:, None]
+        pick = np.minimum((rng.random((len(g), d)) * size).astype(np.int64), size - 1)
         source[g] = pool_order[pool_start[want][:, None] + pick]
         kind[g] = BORROWED
 
@@ -164,6 +165,48 @@ def _take_rows(data: Any, index: np.ndarray) -> Any:
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
 
 
+@dataclass(frozen=True)
+class BatchAlignment:
+    """An :class:`AlignmentPlan` located in a batch: which batch row fills each aligned slot.
+
+    Attributes:
+        main_rows: (M,) batch row of each main row.
+        sub_rows: (S,) batch row of each sub row (positions in ``plan.source`` index this).
+        sub_agent: (S,) code of each sub row's agent in ``agent_names``.
+        agent_names: (A,) sub-agent names, sorted.
+        plan: the slots.
+    """
+
+    main_rows: np.ndarray
+    sub_rows: np.ndarray
+    sub_agent: np.ndarray
+    agent_names: np.ndarray
+    plan: AlignmentPlan
+
+
+def plan_batch_alignment(data: Any, d_max: DMax, seed: int) -> BatchAlignment:
+    """Validate the hierarchy of ``data`` and plan its alignment, without copying any row.
+
+    Same arguments and errors as :func:`align_trajectories`; the trainer can use the result to gather
+    each agent's rows directly.
+    """
+    who = "align_trajectories"
+    f = require_non_tensor(data, ("agent", "uid", "traj_id", "parent_traj_id"), who)
+    require_tensor(data, ("response_mask",), who)
+    parent_row = resolve_parents(f["traj_id"], f["parent_traj_id"], f["uid"], who)
+    main_rows, sub_rows = np.flatnonzero(parent_row < 0), np.flatnonzero(parent_row >= 0)
+    position = np.empty(len(parent_row), dtype=np.int64)
+    position[main_rows] = np.arange(len(main_rows))
+    agent_code, agent_names = factorize(f["agent"][sub_rows], sort=True)
+    # resolve_parents checked that a sub row's uid is its parent's, so main rows' codes suffice.
+    main_query, _ = factorize(f["uid"][main_rows])
+    parent = position[parent_row[sub_rows]]
+    plan = plan_alignment(
+        parent, agent_code, main_query[parent], main_query, len(agent_names), d_max, np.random.default_rng(seed)
+    )
+    return BatchAlignment(main_rows, sub_rows, agent_code, agent_names, plan)
+
+
 def align_trajectories(data: Any, d_max: DMax, seed: int) -> Any:
     """Align a ``DataProto`` of main and sub-agent rows to ``D_max`` sub rows per main row and sub-agent.
 
@@ -187,23 +230,11 @@ def align_trajectories(data: Any, d_max: DMax, seed: int) -> Any:
     Raises:
         ValueError: a missing field, a bad ``d_max``, or a broken hierarchy (see ``resolve_parents``).
     """
-    who = "align_trajectories"
-    f = require_non_tensor(data, ("agent", "uid", "traj_id", "parent_traj_id"), who)
-    require_tensor(data, ("response_mask",), who)
-    traj_id, uid = f["traj_id"], f["uid"]
-    parent_row = resolve_parents(traj_id, f["parent_traj_id"], uid, who)
-    main_rows, sub_rows = np.flatnonzero(parent_row < 0), np.flatnonzero(parent_row >= 0)
-    n_main = len(main_rows)
-    position = np.empty(len(parent_row), dtype=np.int64)
-    position[main_rows] = np.arange(n_main)
-    agent_code, agent_names = factorize(f["agent"][sub_rows], sort=True)
-    query, _ = factorize(uid)
-    n_agents = len(agent_names)
-    plan = plan_alignment(
-        position[parent_row[sub_rows]], agent_code, query[sub_rows], query[main_rows], n_agents, d_max,
-        np.random.default_rng(seed),
-    )
-
+    alignment = plan_batch_alignment(data, d_max, seed)
+    plan, main_rows, sub_rows, agent_names = alignment.plan, alignment.main_rows, alignment.sub_rows, alignment.agent_names
+    nt_in = data.non_tensor_batch
+    traj_id, uid = nt_in["traj_id"], nt_in["uid"]
+    n_main, n_agents = len(main_rows), len(agent_names)
     d = plan.d_max
     source, kind = plan.source.reshape(-1), plan.kind.reshape(-1)
     padding = kind == PADDING
@@ -211,12 +242,12 @@ def align_trajectories(data: Any, d_max: DMax, seed: int) -> Any:
     slot_main = np.repeat(main_rows, n_agents * d)
     if padding.any():
         # A padding row borrows the tensors of any row of its sub-agent, then is masked out below.
-        first_of_agent = np.unique(agent_code, return_index=True)[1]
+        first_of_agent = np.unique(alignment.sub_agent, return_index=True)[1]
         source = np.where(padding, first_of_agent[slot_agent], source)
     out = _take_rows(data, np.concatenate([main_rows, sub_rows[source]]))
     nt = out.non_tensor_batch
     copied = (kind == DUPLICATE) | (kind == BORROWED)
-    nt["parent_traj_id"] = np.concatenate([f["parent_traj_id"][main_rows], traj_id[slot_main]]).astype(object)
+    nt["parent_traj_id"] = np.concatenate([nt_in["parent_traj_id"][main_rows], traj_id[slot_main]]).astype(object)
     nt["uid"] = np.concatenate([uid[main_rows], uid[slot_main]])
     nt["aligned_from"] = np.concatenate([np.full(n_main, "", dtype=object), np.where(copied, nt["traj_id"][n_main:], "")])
     nt["is_padding"] = np.concatenate([np.zeros(n_main, dtype=bool), padding])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from mgrpo_verl.algorithms.fields import list_some
 from mgrpo_verl.algorithms.grouping import factorize
@@ -36,7 +35,7 @@ def resolve_parents(traj_id: np.ndarray, parent_traj_id: np.ndarray, uid: np.nda
     traj_id = np.asarray(traj_id, dtype=object)
     n = len(traj_id)
     sub = is_sub_row(parent_traj_id)
-    empty = pd.isna(traj_id) | (traj_id == "")
+    empty = ~traj_id.astype(bool)  # "" or None
     if empty.any():
         raise ValueError(f"{who}: {int(empty.sum())} row(s) have an empty traj_id (rows {list_some(np.flatnonzero(empty))})")
     sub_rows = np.flatnonzero(sub)
