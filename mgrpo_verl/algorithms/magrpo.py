@@ -118,7 +118,7 @@ def compute_magrpo_advantage(data: Any, config: Any = None) -> Any:
     rewards, mask = t["token_level_rewards"], t["response_mask"]
     n = rewards.shape[0]
     check_lengths(who, n, **f)
-    scores = row_scores(rewards, f["node_id"], who)
+    scores = row_scores(rewards, f["node_id"], who, id_name="node_id")
 
     # Nodes are (uid, node_id) pairs; parents are looked up in the same coding.
     parent_ids = np.asarray(f["parent_node_id"], dtype=object)

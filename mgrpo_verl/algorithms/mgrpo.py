@@ -5,9 +5,9 @@ d_k >= 0 times:
 
 - main score ``s_M(k)`` = the main row's own score (sum of its token rewards);
 - sub effective score ``s_S(k,j) = w_local * local(k,j) + w_main * s_M(k)``;
-- advantage ``A = (s - mean_g) / (std_g + eps)`` (or ``s - mean_g``) where g is the row's group
-  ``(agent, uid)``: the K main rows of the query, or every call of one sub-agent across those K
-  rollouts. std is unbiased; a group of one has mean 0 and std 1, exactly as verl's GRPO.
+- advantage ``A = (s - mean_g) / (std_g + eps)`` (or ``s - mean_g``) where g is the row's group:
+  the K main rows of the query, or every call of one sub-agent (same ``agent`` and ``uid``) across
+  those K rollouts. std is unbiased; a group of one has mean 0 and std 1, exactly as verl's GRPO.
 
 Statistics use the real rows only; :func:`mgrpo_verl.align_trajectories` runs afterwards and copies
 carry their source's advantage.
@@ -55,17 +55,21 @@ def mgrpo_scalar_advantage(
     effective = s.clone()
     effective[sub] = config.sub_reward_local_weight * s[sub] + config.sub_reward_main_weight * s[parent[sub]]
 
+    # Main rows form one group per uid whatever their agent name; sub rows one per (agent, uid). The
+    # role is part of the key, so a sub-agent sharing the main agent's name (one model playing every
+    # role) never joins the main group.
     agent_code, agents = factorize(agent)
+    role_agent = np.where(parent_row >= 0, agent_code, len(agents))
     uid_code, uids = factorize(uid)
-    group, n_groups = combine_codes(agent_code, uid_code, len(uids))
+    group, n_groups = combine_codes(role_agent, uid_code, len(uids))
     group_t = torch.from_numpy(group)
     mean, std, _ = group_mean_std(effective, group_t, n_groups)
     centred = effective - mean[group_t]
     if not config.norm_adv_by_std:
         return centred, effective
     if config.norm_scope == "agent":
-        agent_t = torch.from_numpy(agent_code)
-        _, agent_std, _ = group_mean_std(effective, agent_t, len(agents))
+        agent_t = torch.from_numpy(role_agent)
+        _, agent_std, _ = group_mean_std(effective, agent_t, len(agents) + 1)
         scale = agent_std[agent_t]
     else:
         scale = std[group_t]
