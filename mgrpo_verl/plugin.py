@@ -12,6 +12,9 @@ from __future__ import annotations
 def ensure_registered() -> None:
     """Register our estimators with verl (idempotent); raises if that is impossible."""
     import mgrpo_verl.algorithms.verl_registry  # noqa: F401  (registers on import)
+    from mgrpo_verl.platform import register_cpu_platform
+
+    register_cpu_platform()
 
 
 ensure_registered()

@@ -1,0 +1,1 @@
+"""Tasks, tools and rewards."""

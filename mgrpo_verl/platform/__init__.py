@@ -1,0 +1,104 @@
+"""Run verl's real trainer on CPU through verl's own extension points (design: CPU_PATH.md).
+
+:func:`register_cpu_platform` (called by :mod:`mgrpo_verl.plugin`, i.e. on ``import verl`` in every
+process) does, in this order:
+
+1. registers :class:`CpuPlatform` as ``cpu`` in verl's ``PlatformRegistry`` (always: it only wins verl's
+   platform detection when no accelerator platform is available, or when asked for explicitly);
+2. honours ``MGRPO_VERL_DEVICE=cpu`` by setting ``VERL_PLATFORM=cpu`` (verl's switch) when unset;
+3. only when the CPU platform is the one this process will use:
+
+   - registers verl's FSDP engines for device ``cpu`` (:mod:`.engines`; done when verl's FSDP engine
+     module is imported);
+   - applies the one verl patch, ``verl-0.9.1-cpu-process-group`` (:mod:`.verl_cpu_process_group`,
+     documented in ``patches/README.md``).
+
+On a machine with CUDA (or NPU/ROCm) and no explicit request nothing but step 1 happens, and verl
+resolves its own platform exactly as without us.
+
+:func:`ray_cpu_session` starts and stops a private local Ray for CPU runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from mgrpo_verl.platform.cpu import (
+    DEVICE_ENV,
+    PLATFORM_NAME,
+    CpuPlatform,
+    accelerator_present,
+    cpu_platform_wanted,
+    device_choice,
+)
+from mgrpo_verl.platform.ray_session import RayCpuSession, ray_cpu_env, ray_cpu_session
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEVICE_ENV",
+    "PLATFORM_NAME",
+    "CpuPlatform",
+    "RayCpuSession",
+    "accelerator_present",
+    "cpu_platform_active",
+    "cpu_platform_wanted",
+    "device_choice",
+    "ray_cpu_env",
+    "ray_cpu_session",
+    "register_cpu_platform",
+]
+
+
+def register_cpu_platform() -> bool:
+    """Register the CPU platform with verl and, if it is this process's platform, its engines and patch.
+
+    Idempotent. Returns whether the CPU platform is (to be) used in this process. Raises ``ValueError``
+    for an invalid ``MGRPO_VERL_DEVICE`` or one that contradicts ``VERL_PLATFORM``.
+    """
+    from verl.plugin.platform import PlatformRegistry
+
+    if PlatformRegistry.get(PLATFORM_NAME) is not CpuPlatform:
+        PlatformRegistry.register(platform=PLATFORM_NAME)(CpuPlatform)
+
+    choice = device_choice()
+    explicit = os.environ.get("VERL_PLATFORM", "").strip().lower()
+    if choice == "cpu":
+        if explicit and explicit != PLATFORM_NAME:
+            raise ValueError(f"{DEVICE_ENV}=cpu contradicts VERL_PLATFORM={explicit!r}; unset one of them")
+        os.environ["VERL_PLATFORM"] = PLATFORM_NAME
+
+    resolved = _resolved_platform()
+    if resolved is not None:
+        # verl resolved its platform before we were registered (e.g. plugin re-run by ensure_registered).
+        use_cpu = isinstance(resolved, CpuPlatform)
+        if not use_cpu and cpu_platform_wanted():
+            logger.warning(
+                "verl already resolved platform %r before the CPU platform was registered; "
+                "the CPU engines and patch are not installed",
+                resolved.device_name,
+            )
+    else:
+        use_cpu = cpu_platform_wanted()
+
+    if use_cpu:
+        from mgrpo_verl.platform import engines, verl_cpu_process_group
+
+        engines.register_cpu_engines_when_imported()
+        verl_cpu_process_group.apply()
+    return use_cpu
+
+
+def cpu_platform_active() -> bool:
+    """Whether verl's resolved platform (``verl.plugin.platform.get_platform()``) is the CPU platform."""
+    from verl.plugin.platform import get_platform
+
+    return isinstance(get_platform(), CpuPlatform)
+
+
+def _resolved_platform():
+    """verl's platform singleton if already resolved, else None (reads a private module attribute)."""
+    from verl.plugin.platform import platform_manager
+
+    return getattr(platform_manager, "_current_platform", None)

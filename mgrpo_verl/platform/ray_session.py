@@ -1,0 +1,130 @@
+"""Start and stop Ray for CPU runs of verl, leaving nothing behind.
+
+Why each setting (measured with Ray 2.60 on a 2-core machine, VERL_0.9.1_FACTS.md / CPU_PATH.md):
+
+- ``num_cpus`` is *logical*: verl's long-lived actors (TaskRunner, TransferQueue, agent-loop workers,
+  reward workers) each hold a CPU slot, and with 2 slots they starve and the run hangs. Default 16.
+- ``num_gpus`` is *logical* too: verl's resource pools always ask for the platform's resource, which
+  the CPU platform names ``GPU`` (:class:`mgrpo_verl.platform.cpu.CpuPlatform`); give one per training
+  worker (``trainer.n_gpus_per_node``).
+- ``RAY_TMPDIR`` / ``_temp_dir``: a private temporary directory (removed on exit) instead of
+  ``/tmp/ray``; the path is kept short because Ray's Unix socket paths must stay under 108 bytes.
+- ``RAY_AUTH_MODE=disabled``: otherwise Ray 2.60 may write an auth token under ``~/.ray``.
+- ``RAY_USAGE_STATS_ENABLED=0``: no usage-stats file or network attempt.
+- ``TMPDIR`` = the same directory, for the processes Ray starts: Python's ``multiprocessing`` (used by
+  torch and verl inside workers) leaves ``pymp-*`` directories behind when Ray kills a worker at
+  shutdown; inside the session directory they are removed with it.
+
+The environment variables are set for the duration of the session (Ray's worker processes inherit them
+from the driver, so verl's Ray actors see them too) and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_NUM_CPUS = 16
+
+
+@dataclass(frozen=True)
+class RayCpuSession:
+    """What :func:`ray_cpu_session` started."""
+
+    temp_dir: str
+    num_cpus: int
+    num_gpus: int
+    env: Mapping[str, str] = field(default_factory=dict)
+    address: str | None = None
+
+
+def ray_cpu_env(temp_dir: str) -> dict[str, str]:
+    """Environment variables for a Ray (or ``python -m verl.trainer.main_ppo``) run on CPU.
+
+    The platform choice is not among them: the CPU platform selects itself when no accelerator is
+    present; on a machine with one, export ``MGRPO_VERL_DEVICE=cpu`` before ``import verl``.
+    """
+    return {
+        "RAY_TMPDIR": temp_dir,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "TMPDIR": temp_dir,
+    }
+
+
+@contextmanager
+def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ``, restoring the previous values (or absence) on exit."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+@contextmanager
+def private_temp_dir(prefix: str = "mgrpo-ray-", base: str | None = None, keep: bool = False) -> Iterator[str]:
+    """A fresh directory under ``base`` (default: the system temp dir), removed on exit unless ``keep``."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def ray_cpu_session(
+    num_cpus: int = DEFAULT_NUM_CPUS,
+    num_gpus: int = 0,
+    *,
+    temp_dir: str | None = None,
+    keep_temp_dir: bool = False,
+    env: Mapping[str, str] | None = None,
+    **init_kwargs: Any,
+) -> Iterator[RayCpuSession]:
+    """Start a local Ray for a CPU run; shut it down on normal exit, on error and on Ctrl-C.
+
+    Args:
+        num_cpus: logical CPUs (not cores; see the module docstring).
+        num_gpus: logical GPUs, one per verl training worker on the CPU platform.
+        temp_dir: Ray's temporary directory; by default a new private one, removed afterwards.
+        keep_temp_dir: keep the directory we created (e.g. to read Ray's logs after a failure).
+        env: extra environment variables for the session (inherited by Ray's workers).
+        init_kwargs: passed to ``ray.init`` (e.g. ``runtime_env``).
+
+    Raises ``RuntimeError`` if Ray is already initialized in this process (it would not be ours to stop).
+    """
+    import ray
+
+    if ray.is_initialized():
+        raise RuntimeError("ray_cpu_session: Ray is already initialized in this process")
+    with private_temp_dir(base=None, keep=keep_temp_dir) if temp_dir is None else _existing(temp_dir) as tmp:
+        session_env = {**ray_cpu_env(tmp), **(env or {})}
+        with patched_environ(session_env):
+            init_kwargs.setdefault("include_dashboard", False)
+            init_kwargs.setdefault("log_to_driver", True)
+            try:
+                context = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=tmp, **init_kwargs)
+                address = getattr(context, "address_info", {}).get("address")
+                yield RayCpuSession(tmp, num_cpus, num_gpus, dict(session_env), address)
+            finally:
+                # Also reached on KeyboardInterrupt (Ctrl-C) and SystemExit.
+                if ray.is_initialized():
+                    ray.shutdown()
+
+
+@contextmanager
+def _existing(path: str) -> Iterator[str]:
+    os.makedirs(path, exist_ok=True)
+    yield path

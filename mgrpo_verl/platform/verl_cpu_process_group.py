@@ -1,0 +1,182 @@
+"""Patch ``verl-0.9.1-cpu-process-group``: let verl create its global process group on a CPU-only platform.
+
+Documented in ``patches/README.md`` (reason, upstream references, recorded source hashes); this module is
+the code, kept inside the installed package because Ray workers must import it (``patches/`` is not
+shipped).
+
+Upstream problem (verl 0.9.1, ``verl/utils/distributed.py``)::
+
+    backend = f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"
+
+With device ``cpu`` this is ``"cpu:gloo,cpu:gloo"`` and ``torch.distributed.init_process_group`` raises
+``ValueError: Duplicate device type cpu in backend string``. Both ``initialize_global_process_group``
+(torchrun / SFT path) and ``initialize_global_process_group_ray`` (every Ray training worker,
+``verl/workers/engine_workers.py``) build that string. The fix is to use ``cpu:<backend>`` when the device
+itself is ``cpu``, and nothing else changes: on any other device the original functions run untouched.
+
+Guards:
+
+- applies only to ``verl==0.9.1`` (:data:`VERL_VERSION`); any other version is refused with a warning
+  (or :class:`VerlPatchError` when ``strict=True``);
+- the source of each patched function must hash to the value recorded from 0.9.1
+  (:data:`RECORDED_SOURCE_SHA256`), otherwise it is refused the same way; the test
+  ``tests/platform/test_verl_patch.py`` fails whenever upstream changes them, so the patch is reviewed
+  (and, once upstream fixes the bug, deleted).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PATCH_ID = "verl-0.9.1-cpu-process-group"
+VERL_VERSION = "0.9.1"
+TARGET_MODULE = "verl.utils.distributed"
+#: sha256 of ``inspect.getsource(f)`` of each patched function, recorded from the verl 0.9.1 wheel.
+RECORDED_SOURCE_SHA256: dict[str, str] = {
+    "initialize_global_process_group": "33a5452c4dde00591e00692a5f967cc7b424a3b7ebd9da7cb23697209ddbd0e1",
+    "initialize_global_process_group_ray": "761a94d1a2e058d31a0ac231c89a142abf5daf822e333bac75e84cafcf7507ac",
+}
+
+_originals: dict[str, Callable[..., Any]] = {}
+_rebound: list[tuple[Any, str, Callable[..., Any]]] = []  # (module, attribute, original) for revert()
+
+
+class VerlPatchError(RuntimeError):
+    """The installed verl is not the one this patch was written for."""
+
+
+def backend_string(device_name: str, comm_backend: str) -> str:
+    """The ``init_process_group`` backend string verl means to build, valid when the device is ``cpu``."""
+    if device_name == "cpu":
+        return f"cpu:{comm_backend}"
+    return f"cpu:gloo,{device_name}:{comm_backend}"
+
+
+def source_sha256(func: Callable[..., Any]) -> str:
+    return hashlib.sha256(inspect.getsource(func).encode()).hexdigest()
+
+
+def upstream_functions() -> dict[str, Callable[..., Any]]:
+    """The unpatched functions of the installed verl (the originals if the patch is applied)."""
+    import importlib
+
+    module = importlib.import_module(TARGET_MODULE)
+    return {name: _originals.get(name) or getattr(module, name) for name in RECORDED_SOURCE_SHA256}
+
+
+def upstream_drift() -> dict[str, tuple[str, str]]:
+    """``{name: (recorded, actual)}`` for each patched function whose source differs from verl 0.9.1."""
+    drift = {}
+    for name, func in upstream_functions().items():
+        actual = source_sha256(func)
+        if actual != RECORDED_SOURCE_SHA256[name]:
+            drift[name] = (RECORDED_SOURCE_SHA256[name], actual)
+    return drift
+
+
+def is_applied() -> bool:
+    return bool(_originals)
+
+
+def _refuse(message: str, strict: bool) -> bool:
+    if strict:
+        raise VerlPatchError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    logger.warning(message)
+    return False
+
+
+def apply(strict: bool = False) -> bool:
+    """Install the patch (idempotent). Returns whether it is in place.
+
+    Refuses (warning, or :class:`VerlPatchError` if ``strict``) on any verl other than 0.9.1 or when the
+    patched functions' source differs from the recorded one.
+    """
+    if is_applied():
+        return True
+    import verl
+
+    version = getattr(verl, "__version__", "unknown")
+    if version != VERL_VERSION:
+        return _refuse(
+            f"{PATCH_ID}: written for verl=={VERL_VERSION}, found verl=={version}; not applied. "
+            f"Check whether {TARGET_MODULE} still builds 'cpu:gloo,{{device}}:{{backend}}' and update "
+            f"mgrpo_verl/platform/verl_cpu_process_group.py and patches/README.md.",
+            strict,
+        )
+    drift = upstream_drift()
+    if drift:
+        return _refuse(
+            f"{PATCH_ID}: {TARGET_MODULE} differs from verl {VERL_VERSION} in {sorted(drift)}; not applied "
+            f"(was the installed verl modified?).",
+            strict,
+        )
+
+    import importlib
+
+    module = importlib.import_module(TARGET_MODULE)
+    original_init = module.initialize_global_process_group
+    original_init_ray = module.initialize_global_process_group_ray
+
+    @functools.wraps(original_init)
+    def initialize_global_process_group(timeout_second=36000):
+        device = module.get_device_name()
+        if device != "cpu":
+            return original_init(timeout_second)
+        # verl 0.9.1's body with the backend string fixed (the function takes no backend argument).
+        import torch.distributed
+
+        torch.distributed.init_process_group(
+            backend=backend_string(device, module.get_nccl_backend()),
+            timeout=timedelta(seconds=timeout_second),
+            init_method=os.environ.get("DIST_INIT_METHOD", None),
+        )
+        local_rank = int(os.environ["LOCAL_RANK"])
+        rank = int(os.environ["RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+        if torch.distributed.is_initialized():
+            module.get_torch_device().set_device(local_rank)
+        return local_rank, rank, world_size
+
+    @functools.wraps(original_init_ray)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        if backend is None:
+            backend = backend_string(module.get_device_name(), module.get_nccl_backend())
+        return original_init_ray(timeout_second=timeout_second, backend=backend)
+
+    replacements = {
+        "initialize_global_process_group": initialize_global_process_group,
+        "initialize_global_process_group_ray": initialize_global_process_group_ray,
+    }
+    for name, func in replacements.items():
+        original = getattr(module, name)
+        func.__mgrpo_patch__ = PATCH_ID  # type: ignore[attr-defined]
+        _originals[name] = original
+        # Rebind everywhere verl already holds the original (``from verl.utils.distributed import ...``
+        # in modules imported before us); modules imported later pick the patched attribute up.
+        for mod in list(sys.modules.values()):
+            mod_name = getattr(mod, "__name__", "") or ""
+            if (mod_name == "verl" or mod_name.startswith("verl.")) and getattr(mod, name, None) is original:
+                setattr(mod, name, func)
+                _rebound.append((mod, name, original))
+    logger.debug("%s applied", PATCH_ID)
+    return True
+
+
+def revert() -> None:
+    """Undo :func:`apply` (for tests)."""
+    while _rebound:
+        mod, name, original = _rebound.pop()
+        setattr(mod, name, original)
+    _originals.clear()
