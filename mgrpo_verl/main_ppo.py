@@ -1,0 +1,119 @@
+"""``python -m mgrpo_verl.main_ppo [hydra overrides]``: verl's v1 trainer with our config and CPU support.
+
+What differs from ``python -m verl.trainer.main_ppo``:
+
+1. the config is ``mgrpo_verl/config/mgrpo_trainer.yaml`` (verl's ``ppo_trainer`` + ``mgrpo_verl:``),
+   resolved once here, which builds the built-in model and data on first use;
+2. on the CPU platform Ray runs in a private temporary directory with no auth token in the user's home,
+   with enough logical CPUs, and every Ray worker selects the CPU platform;
+3. Ray is shut down on success, on error and on Ctrl-C;
+4. the run ends with one summary line read from the per-step metrics file.
+
+Everything else (Ray single controller, TransferQueue, agent loop, FSDP2 workers, reward loop, weight
+sync, validation, checkpoints) is verl's own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from mgrpo_verl.config.resolvers import register_resolvers, uses_cpu
+
+register_resolvers()
+
+#: The metric verl logs for the mean training reward of a step, and the prefix of validation metrics.
+TRAIN_REWARD = "critic/score/mean"
+VAL_PREFIX = "val-core/"
+
+
+@contextmanager
+def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
+    """Environment for the Ray cluster verl starts; Ray is shut down on exit, whatever happened."""
+    import ray
+
+    from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
+
+    try:
+        if on_cpu:
+            with private_temp_dir() as tmp, patched_environ({**ray_cpu_env(tmp), "MGRPO_VERL_DEVICE": "cpu", **env}):
+                yield
+        else:
+            with patched_environ(env):
+                yield
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def summarize(metrics_file: Path, seconds: float) -> dict[str, Any]:
+    """First and last training reward and validation score from verl's JSON-lines metrics file."""
+    records = []
+    if metrics_file.is_file():
+        records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    train = [(r["step"], r["data"][TRAIN_REWARD]) for r in records if TRAIN_REWARD in r["data"]]
+    steps = [step for step, _ in train]
+    val_key = next((k for r in records for k in r["data"] if k.startswith(VAL_PREFIX) and "/mean@" in k), None)
+    val = [(r["step"], r["data"][val_key]) for r in records if val_key and val_key in r["data"]]
+    return {
+        "steps": len(train),
+        "first_step": steps[0] if steps else None,
+        "last_step": steps[-1] if steps else None,
+        "seconds": seconds,
+        "train_reward_first": train[0][1] if train else math.nan,
+        "train_reward_last": train[-1][1] if train else math.nan,
+        "val_metric": val_key,
+        "val_first": val[0][1] if val else math.nan,
+        "val_last": val[-1][1] if val else math.nan,
+        "metrics_file": str(metrics_file),
+    }
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    line = (
+        f"mgrpo_verl: {s['steps']} steps (step {s['first_step']} to {s['last_step']}) in {s['seconds']:.0f} s; "
+        f"train reward {s['train_reward_first']:.3f} -> {s['train_reward_last']:.3f}"
+    )
+    if s["val_metric"]:
+        line += f"; {s['val_metric']} {s['val_first']:.3f} -> {s['val_last']:.3f}"
+    return line + f"; metrics {s['metrics_file']}"
+
+
+def run(config: DictConfig) -> dict[str, Any]:
+    """Resolve, validate and run one training job; returns the summary."""
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    OmegaConf.resolve(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    if not config.trainer.use_v1:
+        raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")
+
+    metrics_file = Path(config.mgrpo_verl.metrics_file).absolute()
+    metrics_file.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with ray_environment(uses_cpu(config.mgrpo_verl.device), {"VERL_FILE_LOGGER_PATH": str(metrics_file)}):
+        run_ppo(config, task_runner_class=TaskRunnerV1)
+    summary = summarize(metrics_file, time.monotonic() - start)
+    print(summary_line(summary), flush=True)
+    return summary
+
+
+@hydra.main(config_path="config", config_name="mgrpo_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run(config)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,536 @@
+"""The rollout server: a Ray actor that generates with Hugging Face transformers on CPU.
+
+It implements the methods verl 0.9.1 calls on a rollout server actor (the ``vLLMHttpServer`` /
+``SGLangHttpServer`` contract):
+
+* ``generate(prompt_ids, sampling_params, request_id, image_data=None, video_data=None, ...) -> TokenOutput``
+  — called by ``LLMServerClient.generate`` (``workers/rollout/llm_server.py``) for every agent-loop turn;
+* ``wake_up`` / ``sleep`` / ``clear_kv_cache`` / ``release_kv_cache`` / ``resume_kv_cache`` /
+  ``abort_all_requests`` / ``resume_generation`` / ``start_profile`` / ``stop_profile`` — called by
+  ``RolloutReplica`` (``workers/rollout/replica.py``) on behalf of ``CheckpointEngineManager``;
+* ``set_global_steps``, ``abort_request``, ``wait_for_requests_to_drain``, ``get_server_address``,
+  ``get_rollout_config`` — as on verl's vLLM server;
+
+plus the weight-update endpoint our in-worker adapter (:mod:`mgrpo_verl.rollout.hf_adapter`) drives:
+``begin_weight_update`` -> ``update_weights_bucket`` (repeated) -> ``finish_weight_update``.
+
+Batching: requests are validated on arrival and queued. A scheduler task takes everything queued (up to
+``max_batch_size``) as one batch and runs it on a single worker thread; requests that arrive while a batch
+runs wait for the next batch. The event loop stays free meanwhile, so control calls (abort, weight
+updates) are served while a batch runs.
+
+Server options come from ``actor_rollout_ref.rollout.engine_kwargs.hf`` (all optional)::
+
+    dtype: float32             # overrides rollout.dtype
+    attn_implementation: sdpa  # or eager
+    num_threads: null          # torch intra-op threads; default max(1, cores // 2) (see launch_server)
+    max_batch_size: 256        # capped by rollout.max_num_seqs
+    batch_wait_ms: 5.0         # before a batch starts, wait until no request arrived for this long ...
+    max_batch_wait_ms: 30.0    # ... but at most this long (bursts from the agent loop join one batch)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from mgrpo_verl.rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine, weights_fingerprint
+from mgrpo_verl.rollout.sampling import (
+    LOGPROBS_MODES,
+    InvalidRequestError,
+    parse_sampling_params,
+    validate_prompt_ids,
+)
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+ENGINE_KWARGS_KEY = "hf"
+_ENGINE_OPTIONS = {
+    "dtype",
+    "attn_implementation",
+    "num_threads",
+    "max_batch_size",
+    "batch_wait_ms",
+    "max_batch_wait_ms",
+    # after every weight update, report (and log) a sha256 fingerprint of the weights; costs one pass
+    # over the weights, so off by default (the end-to-end test uses it)
+    "fingerprint_weights",
+}
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future
+    enqueued_at: float = field(default_factory=time.perf_counter)
+
+
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+class HFRolloutServer:
+    """Token-in / token-out generation server (wrap with ``ray.remote``; see :class:`HFReplica`).
+
+    The constructor takes the same arguments as verl's ``vLLMHttpServer`` so the replica code mirrors
+    verl's; ``workers``, ``node_rank``, ``gpus_per_node``, ``nnodes`` and ``cuda_visible_devices`` are
+    recorded but unused (one server per replica, no tensor parallelism).
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        model_config: Any,
+        rollout_mode: Any = None,
+        workers: list | None = None,
+        replica_rank: int = 0,
+        node_rank: int = 0,
+        gpus_per_node: int = 1,
+        nnodes: int = 1,
+        cuda_visible_devices: str | None = None,
+        server_name: str | None = None,
+    ):
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        self.config = omega_conf_to_dataclass(config)
+        self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.rollout_mode = rollout_mode
+        self.workers = workers or []
+        self.replica_rank = replica_rank
+        self.node_rank = node_rank
+        self.server_name = server_name or f"hf_server_{replica_rank}_{node_rank}"
+        self.global_steps = None
+
+        engine_kwargs = _get(self.config, "engine_kwargs", {}) or {}
+        opts = dict(engine_kwargs.get(ENGINE_KWARGS_KEY, {}) or {})
+        unknown = sorted(set(opts) - _ENGINE_OPTIONS)
+        if unknown:
+            raise ValueError(
+                f"unknown rollout.engine_kwargs.{ENGINE_KWARGS_KEY} option(s) {unknown}; "
+                f"supported: {sorted(_ENGINE_OPTIONS)}"
+            )
+        self.opts = opts
+        self.dtype = opts.get("dtype") or _get(self.config, "dtype", "float32")
+        self.logprobs_mode = _get(self.config, "logprobs_mode", None) or "processed_logprobs"
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"rollout.logprobs_mode={self.logprobs_mode!r} is not supported by the HF rollout; "
+                f"use one of {LOGPROBS_MODES}"
+            )
+        max_num_seqs = int(_get(self.config, "max_num_seqs", 256) or 256)
+        self.max_batch_size = max(1, min(int(opts.get("max_batch_size", 256)), max_num_seqs))
+        self.batch_wait_s = max(0.0, float(opts.get("batch_wait_ms", 5.0))) / 1000.0
+        self.max_batch_wait_s = max(self.batch_wait_s, float(opts.get("max_batch_wait_ms", 30.0)) / 1000.0)
+        self._arrivals = 0
+        self.response_length = int(_get(self.config, "response_length", 512))
+        self.prompt_length = int(_get(self.config, "prompt_length", 512))
+        self.full_determinism = bool(_get(self.config, "full_determinism", False))
+        self.seed = int(_get(self.config, "seed", 0)) + int(replica_rank)
+
+        self.engine: HFGenerationEngine | None = None
+        self.max_model_len: int | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-rollout")
+        self._queue: list[_Pending] = []
+        self._running: list[_Pending] = []
+        self._has_work: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._weights_ready: asyncio.Event | None = None
+        self._resume_event: asyncio.Event | None = None
+        self._scheduler_task: asyncio.Task | None = None
+        self._submission_paused = False
+        self._rejecting = False
+        self._asleep = False
+        self._pending_unknown: list[str] = []
+        self._loaded_names: set[str] = set()
+        self._batch_sizes: list[int] = []
+        self.weight_version = 0
+        self.num_threads: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def launch_server(self, *args: Any, **kwargs: Any) -> None:
+        """Load the model and start the batch scheduler. Idempotent."""
+        if self.engine is not None:
+            return
+        import torch
+
+        # Measured on the 2-core CI machine: two intra-op threads make the small matmuls of these models
+        # 4-50x slower than one (thread hand-off dominates), and replicas run side by side; so by default
+        # a server takes half the cores.
+        # (OpenMP thread counts are per calling thread: set it where the model runs, the executor thread.)
+        num_threads = int(self.opts.get("num_threads") or max(1, (os.cpu_count() or 2) // 2))
+        torch.set_num_threads(num_threads)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, torch.set_num_threads, num_threads)
+        self.num_threads = await loop.run_in_executor(self._executor, torch.get_num_threads)
+        tokenizer = self.model_config.tokenizer
+        eos: set[int] = set()
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        gen_cfg = self.model_config.generation_config
+        gen_eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+        if gen_eos is not None:
+            eos.update([int(gen_eos)] if isinstance(gen_eos, int) else [int(t) for t in gen_eos])
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+
+        self.engine = await loop.run_in_executor(
+            self._executor,
+            lambda: HFGenerationEngine.from_pretrained(
+                self.model_config.local_path,
+                dtype=self.dtype,
+                attn_implementation=self.opts.get("attn_implementation", "sdpa"),
+                eos_token_ids=eos or None,
+                pad_token_id=pad,
+                seed=self.seed,
+                logprobs_mode=self.logprobs_mode,
+                trust_remote_code=bool(self.model_config.trust_remote_code),
+            ),
+        )
+        max_pos = int(getattr(self.engine.model.config, "max_position_embeddings", 0) or 0)
+        configured = _get(self.config, "max_model_len", None)
+        if configured is None:
+            self.max_model_len = max_pos or (self.prompt_length + self.response_length)
+        else:
+            if max_pos and int(configured) > max_pos:
+                raise ValueError(
+                    f"max_model_len ({configured}) should be less than or equal to max_position_embeddings ({max_pos})"
+                )
+            self.max_model_len = int(configured)
+
+        self._has_work = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._weights_ready = asyncio.Event()
+        self._weights_ready.set()
+        self._resume_event = asyncio.Event()
+        self._resume_event.set()
+        self._scheduler_task = asyncio.create_task(self._scheduler())
+        logger.info(
+            "%s ready: model=%s dtype=%s threads=%d max_batch_size=%d max_model_len=%d",
+            self.server_name,
+            self.model_config.local_path,
+            self.engine.dtype,
+            num_threads,
+            self.max_batch_size,
+            self.max_model_len,
+        )
+
+    def get_server_address(self) -> tuple[str, None]:
+        """``(node ip, None)``: there is no HTTP endpoint; requests go through the Ray actor handle."""
+        import ray
+
+        return ray.util.get_node_ip_address().strip("[]"), None
+
+    def get_master_address(self) -> tuple[None, None, None]:
+        return None, None, None
+
+    def get_rollout_config(self):
+        return self.config
+
+    def _require_engine(self) -> HFGenerationEngine:
+        if self.engine is None:
+            raise RuntimeError(f"{self.server_name}: launch_server() has not been called")
+        return self.engine
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str | None = None,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ):
+        """Generate a continuation of ``prompt_ids``; returns verl's ``TokenOutput``.
+
+        ``token_ids`` holds the generated tokens (ending with the EOS / stop token when one ended the
+        sequence), ``log_probs`` their log-probabilities when ``sampling_params["logprobs"]`` is truthy,
+        ``stop_reason`` is ``"completed"`` or ``"aborted"`` and ``extra_fields`` carries ``global_steps``,
+        ``finish_reason`` (``stop`` / ``length`` / ``abort``), ``num_cached_tokens`` (always 0) and, when
+        ``prompt_logprobs`` was asked for, ``prompt_ids`` / ``prompt_logprobs`` in vLLM's layout.
+
+        Raises:
+            InvalidRequestError: empty or too long prompt, token ids outside the vocabulary, multi-modal
+                data, or unsupported / out-of-range sampling parameters.
+        """
+        from verl.workers.rollout.replica import TokenOutput
+
+        engine = self._require_engine()
+        request_id = request_id or uuid.uuid4().hex
+        if kwargs:
+            raise InvalidRequestError(f"unexpected generate() argument(s) {sorted(kwargs)} for the HF rollout")
+        for name, value in (("image_data", image_data), ("video_data", video_data), ("audio_data", audio_data)):
+            if value is not None and (not hasattr(value, "__len__") or len(value) > 0):
+                raise InvalidRequestError(f"the HF rollout is text-only; got {name}")
+        if sampling_params is None:
+            sampling_params = {}
+        if not isinstance(sampling_params, Mapping):
+            raise InvalidRequestError(f"sampling_params must be a dict, got {type(sampling_params).__name__}")
+        prompt = validate_prompt_ids(prompt_ids, vocab_size=engine.vocab_size, max_model_len=self.max_model_len)
+        default_max_tokens = min(self.response_length, self.prompt_length + self.response_length - len(prompt))
+        params = parse_sampling_params(
+            sampling_params,
+            prompt_len=len(prompt),
+            max_model_len=self.max_model_len,
+            default_max_tokens=default_max_tokens,
+            vocab_size=engine.vocab_size,
+            default_seed=self.seed if self.full_determinism else None,
+        )
+
+        extra = {"global_steps": self.global_steps}
+        while self._submission_paused:
+            if self._rejecting:
+                return TokenOutput(token_ids=[], log_probs=None, stop_reason="aborted", extra_fields=extra)
+            await self._resume_event.wait()
+
+        pending = _Pending(
+            request=GenerationRequest(prompt_ids=prompt, params=params, request_id=request_id),
+            future=asyncio.get_running_loop().create_future(),
+        )
+        self._queue.append(pending)
+        self._arrivals += 1
+        self._has_work.set()
+        try:
+            result: GenerationResult = await pending.future
+        except asyncio.CancelledError:
+            pending.request.aborted = True
+            raise
+
+        extra = {
+            "global_steps": self.global_steps,
+            "finish_reason": result.finish_reason,
+            "num_cached_tokens": 0,
+        }
+        if result.prompt_logprobs is not None:
+            extra["prompt_ids"] = result.prompt_logprob_ids
+            extra["prompt_logprobs"] = result.prompt_logprobs
+        return TokenOutput(
+            token_ids=result.token_ids,
+            log_probs=result.log_probs,
+            routed_experts=None,
+            stop_reason="aborted" if result.finish_reason == "abort" else "completed",
+            num_preempted=0,
+            extra_fields=extra,
+        )
+
+    async def _scheduler(self) -> None:
+        while True:
+            try:
+                await self._schedule_one_batch()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must not leave callers waiting forever
+                logger.exception("%s: scheduler error; failing queued requests", self.server_name)
+                queued, self._queue = self._queue, []
+                self._has_work.clear()
+                for p in queued:
+                    if not p.future.done():
+                        p.future.set_exception(RuntimeError(f"{self.server_name}: scheduler error, see server log"))
+                self._running = []
+                self._idle.set()
+
+    async def _schedule_one_batch(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self._require_engine()
+        await self._has_work.wait()
+        if self.batch_wait_s > 0:
+            # let a burst of concurrent requests gather: wait for a quiet gap (bounded)
+            deadline = loop.time() + self.max_batch_wait_s
+            while len(self._queue) < self.max_batch_size:
+                seen = self._arrivals
+                await asyncio.sleep(self.batch_wait_s)
+                if self._arrivals == seen or loop.time() >= deadline:
+                    break
+        await self._weights_ready.wait()
+        # no await between here and _idle.clear(): a weight update that closed the gate either sees this
+        # batch as running or stops us at the wait above.
+        batch = self._queue[: self.max_batch_size]
+        del self._queue[: self.max_batch_size]
+        if not self._queue:
+            self._has_work.clear()
+        live = []
+        for p in batch:
+            if p.future.done():
+                continue
+            if p.request.aborted:
+                self._finish_aborted(p)
+                continue
+            live.append(p)
+        if not live:
+            return
+        self._running = live
+        self._idle.clear()
+        self._batch_sizes.append(len(live))
+        try:
+            results = await loop.run_in_executor(self._executor, engine.generate_batch, [p.request for p in live])
+            for p, r in zip(live, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(r)
+        except Exception as e:  # engine failure: fail this batch, keep serving
+            logger.exception("%s: batch of %d failed", self.server_name, len(live))
+            for p in live:
+                if not p.future.done():
+                    p.future.set_exception(e)
+        finally:
+            self._running = []
+            self._idle.set()
+
+    def _finish_aborted(self, p: _Pending) -> None:
+        if not p.future.done():
+            p.future.set_result(GenerationResult(token_ids=[], log_probs=None, finish_reason="abort"))
+
+    # ------------------------------------------------------------------ control (RolloutReplica)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Weights and KV cache stay in host memory, so waking up only flips the state."""
+        self._asleep = False
+
+    async def sleep(self) -> None:
+        """Wait for in-flight requests, then mark the server asleep (the KV cache of a batch is freed when
+        the batch ends; weights stay in host memory and are overwritten by the next weight update)."""
+        await self.wait_for_requests_to_drain()
+        self._asleep = True
+
+    async def clear_kv_cache(self) -> None:
+        """No prefix cache is kept between batches: nothing to clear."""
+
+    async def release_kv_cache(self) -> None:
+        """No persistent KV cache: nothing to release."""
+
+    async def resume_kv_cache(self) -> None:
+        """No persistent KV cache: nothing to restore."""
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        """Profiling is not implemented for the HF rollout (no-op)."""
+
+    async def stop_profile(self) -> None:
+        """Profiling is not implemented for the HF rollout (no-op)."""
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def wait_for_requests_to_drain(self) -> None:
+        if self._idle is None:  # not launched
+            return
+        while self._queue or self._running:
+            await self._idle.wait()
+            await asyncio.sleep(0.001)
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict:
+        """Abort queued and running requests (running ones return their partial tokens with
+        ``stop_reason="aborted"``) and hold new requests until :meth:`resume_generation` (or fail them at
+        once with ``reject_request=True``)."""
+        self._submission_paused = True
+        self._rejecting = reject_request
+        self._resume_event.clear()
+        ids = []
+        for p in self._queue:
+            p.request.aborted = True
+            self._finish_aborted(p)
+            ids.append(p.request.request_id)
+        self._queue.clear()
+        self._has_work.clear()
+        for p in self._running:
+            p.request.aborted = True
+            ids.append(p.request.request_id)
+        await self._idle.wait()
+        return {"aborted_count": len(ids), "request_ids": ids}
+
+    async def resume_generation(self) -> None:
+        self._rejecting = False
+        self._submission_paused = False
+        if self._resume_event is not None:
+            self._resume_event.set()
+
+    async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict:
+        for p in self._queue + self._running:
+            if p.request.request_id == request_id:
+                p.request.aborted = True
+                if p in self._queue:
+                    self._queue.remove(p)
+                    self._finish_aborted(p)
+                return {"aborted": True, "request_id": request_id}
+        return {"aborted": False, "request_id": request_id, "error": f"Request {request_id} not found"}
+
+    # ------------------------------------------------------------------ weight updates (our adapter)
+
+    async def begin_weight_update(self) -> None:
+        """Stop starting new batches and wait for the running one to finish."""
+        self._require_engine()
+        self._weights_ready.clear()
+        await self._idle.wait()
+        self._pending_unknown = []
+        self._loaded_names = set()
+
+    async def update_weights_bucket(self, named_tensors: list[tuple[str, Any]]) -> int:
+        """Copy one bucket of ``(hf_name, tensor)`` pairs into the model; returns the bytes loaded."""
+        engine = self._require_engine()
+        if self._weights_ready.is_set():
+            await self.begin_weight_update()
+        loop = asyncio.get_running_loop()
+        report = await loop.run_in_executor(self._executor, engine.load_weights, named_tensors)
+        self._pending_unknown.extend(report["unknown"])
+        self._loaded_names.update(report["loaded"])
+        return report["bytes"]
+
+    async def finish_weight_update(self, global_steps: int | None = None) -> dict:
+        """Re-open the gate; fails if any received name matched no model parameter."""
+        unknown, self._pending_unknown = self._pending_unknown, []
+        loaded = len(self._loaded_names)
+        self.weight_version += 1
+        if global_steps is not None:
+            self.global_steps = global_steps
+        self._weights_ready.set()
+        if unknown:
+            raise ValueError(
+                f"{self.server_name}: {len(unknown)} weight(s) match no parameter of the rollout model, e.g. "
+                f"{unknown[:5]}; known names look like {self._require_engine().state_dict_names()[:3]}"
+            )
+        report = {"loaded": loaded, "weight_version": self.weight_version, "global_steps": self.global_steps}
+        if self.opts.get("fingerprint_weights"):
+            report["fingerprint"] = weights_fingerprint(self._require_engine().model)
+        return report
+
+    async def update_weights(self, named_tensors: list[tuple[str, Any]], global_steps: int | None = None) -> dict:
+        """One-call weight update (begin + one bucket + finish)."""
+        await self.begin_weight_update()
+        await self.update_weights_bucket(named_tensors)
+        return await self.finish_weight_update(global_steps)
+
+    # ------------------------------------------------------------------ introspection
+
+    def get_stats(self) -> dict:
+        engine = self._require_engine()
+        return {
+            **engine.stats,
+            "batch_sizes": list(self._batch_sizes),
+            "weight_version": self.weight_version,
+            "global_steps": self.global_steps,
+            "asleep": self._asleep,
+            "queued": len(self._queue),
+            "running": len(self._running),
+            "max_model_len": self.max_model_len,
+            "num_threads": self.num_threads,
+        }
+
+    def get_weights(self) -> dict:
+        """A CPU copy of the rollout model's weights (tests and debugging)."""
+        return {k: v.detach().clone() for k, v in self._require_engine().model.state_dict().items()}

@@ -1,0 +1,73 @@
+"""Fixtures for the HF rollout tests: a tiny model built in a per-session cache, an in-process engine, and a
+Ray instance that writes only under a temporary directory (VERL_0.9.1_FACTS.md: ``RAY_TMPDIR`` and
+``RAY_AUTH_MODE=disabled``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tmp_path_factory):
+    from mgrpo_verl.models.tiny import build_tiny_model
+
+    old = os.environ.get("MGRPO_VERL_CACHE")
+    os.environ["MGRPO_VERL_CACHE"] = str(tmp_path_factory.mktemp("mgrpo_cache"))
+    try:
+        yield build_tiny_model(seed=0)
+    finally:
+        if old is None:
+            os.environ.pop("MGRPO_VERL_CACHE", None)
+        else:
+            os.environ["MGRPO_VERL_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_paths):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_paths.tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_paths):
+    from mgrpo_verl.rollout.engine import HFGenerationEngine
+
+    torch.set_num_threads(1)
+    return HFGenerationEngine.from_pretrained(tiny_paths.model_dir, dtype="float32", seed=0)
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray instance for the session, writing only under a private temp dir.
+
+    The Ray variables are set only around ``ray.init`` (the raylet captures them), so subprocesses that other
+    tests start later do not inherit them. An already initialised Ray is reused and left running.
+    """
+    import ray
+
+    if ray.is_initialized():
+        yield ray
+        return
+    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
+    os.environ["RAY_TMPDIR"] = tmp
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        ray.init(num_cpus=8, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
