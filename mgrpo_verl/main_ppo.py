@@ -20,7 +20,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +38,22 @@ VAL_PREFIX = "val-core/"
 
 @contextmanager
 def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
-    """Environment for the Ray cluster verl starts; Ray is shut down on exit, whatever happened."""
+    """Environment for the Ray cluster verl starts. Ray is shut down on exit, whatever happened, before
+    the private temporary directory (CPU) is removed."""
     import ray
 
     from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
 
-    try:
+    with ExitStack() as stack:
         if on_cpu:
-            with private_temp_dir() as tmp, patched_environ({**ray_cpu_env(tmp), "MGRPO_VERL_DEVICE": "cpu", **env}):
-                yield
-        else:
-            with patched_environ(env):
-                yield
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
+            tmp = stack.enter_context(private_temp_dir())
+            env = {**ray_cpu_env(tmp), "MGRPO_VERL_DEVICE": "cpu", **env}
+        stack.enter_context(patched_environ(env))
+        try:
+            yield
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
 
 
 def summarize(metrics_file: Path, seconds: float) -> dict[str, Any]:
