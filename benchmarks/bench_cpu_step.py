@@ -31,7 +31,10 @@ TIMERS = ("gen", "old_log_prob", "update_actor", "update_weights", "step")
 
 def run(entry: list[str], overrides: list[str], workdir: Path) -> tuple[list[dict], float]:
     metrics = workdir / "metrics.jsonl"
+    # verl's file logger writes to $VERL_FILE_LOGGER_PATH; our entry point sets it from mgrpo_verl.metrics_file
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics), "TOKENIZERS_PARALLELISM": "false"}
+    if entry == ["mgrpo_verl.main_ppo"]:
+        overrides = [*overrides, f"mgrpo_verl.metrics_file={metrics}"]
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", *entry, *overrides], cwd=workdir, env=env,
                           capture_output=True, text=True)
