@@ -8,7 +8,7 @@ Why each setting (measured with Ray 2.60 on a 2-core machine, VERL_0.9.1_FACTS.m
   the CPU platform names ``GPU`` (:class:`mgrpo_verl.platform.cpu.CpuPlatform`); give one per training
   worker (``trainer.n_gpus_per_node``).
 - ``RAY_TMPDIR`` / ``_temp_dir``: a private temporary directory (removed on exit) instead of
-  ``/tmp/ray``; the path is kept short because Ray's Unix socket paths must stay under 108 bytes.
+  Ray's default under the system temp dir; the path is kept short because Ray's Unix socket paths must stay under 108 bytes.
 - ``RAY_AUTH_MODE=disabled``: otherwise Ray 2.60 may write an auth token under ``~/.ray``.
 - ``RAY_USAGE_STATS_ENABLED=0``: no usage-stats file or network attempt.
 - ``TMPDIR`` = the same directory, for the processes Ray starts: Python's ``multiprocessing`` (used by
@@ -72,9 +72,24 @@ def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = old
 
 
+#: Ray puts sockets at ``<temp dir>/session_<date>_<time>_<pid>/sockets/plasma_store`` and Unix socket
+#: paths are limited to 107 bytes, which leaves about this many characters for the temp dir itself.
+MAX_RAY_TEMP_DIR_CHARS = 45
+
+
 @contextmanager
 def private_temp_dir(prefix: str = "mgrpo-ray-", base: str | None = None, keep: bool = False) -> Iterator[str]:
-    """A fresh directory under ``base`` (default: the system temp dir), removed on exit unless ``keep``."""
+    """A fresh directory under ``base`` (default: the system temp dir), removed on exit unless ``keep``.
+
+    Raises ``ValueError`` when the path would be too long for Ray's Unix sockets (a deep ``$TMPDIR``),
+    instead of letting Ray fail later with "AF_UNIX path length cannot exceed 107 bytes".
+    """
+    root = base or tempfile.gettempdir()
+    if len(os.path.join(root, prefix)) + 8 > MAX_RAY_TEMP_DIR_CHARS:
+        raise ValueError(
+            f"the temporary directory {root!r} is too deep for Ray's Unix sockets (at most "
+            f"{MAX_RAY_TEMP_DIR_CHARS} characters for Ray's temp dir); set TMPDIR to a shorter directory"
+        )
     path = tempfile.mkdtemp(prefix=prefix, dir=base)
     try:
         yield path

@@ -110,3 +110,13 @@ def test_env_helpers(monkeypatch):
         pass
     assert os.path.isdir(kept)
     os.rmdir(kept)
+
+
+def test_too_deep_temp_dir_is_a_clear_error(tmp_path):
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    with pytest.raises(ValueError, match="too deep for Ray's Unix sockets"):
+        with private_temp_dir(base=str(deep)):
+            pass
+    with private_temp_dir() as ok:  # the system temp dir is short enough
+        assert os.path.isdir(ok)
