@@ -80,6 +80,9 @@ def summarize(metrics_file: Path, seconds: float) -> dict[str, Any]:
 
 
 def summary_line(s: dict[str, Any]) -> str:
+    if not Path(s["metrics_file"]).is_file():
+        return (f"mgrpo_verl: finished in {s['seconds']:.0f} s; no metrics file at {s['metrics_file']} "
+                f"(keep 'file' in trainer.logger for the summary)")
     line = (
         f"mgrpo_verl: {s['steps']} steps (step {s['first_step']} to {s['last_step']}) in {s['seconds']:.0f} s; "
         f"train reward {s['train_reward_first']:.3f} -> {s['train_reward_last']:.3f}"
