@@ -41,7 +41,8 @@ def run(entry: list[str], overrides: list[str], workdir: Path) -> tuple[list[dic
     wall = time.monotonic() - start
     (workdir / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        sys.exit(f"{' '.join(entry)} failed (rc={proc.returncode}); log: {workdir / 'log.txt'}")
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        sys.exit(f"{' '.join(entry)} failed (rc={proc.returncode}); last lines of its log:\n{tail}")
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     return [r["data"] for r in records if "timing_s/step" in r["data"]], wall
 
@@ -67,6 +68,10 @@ def stock_overrides(resolved: dict) -> list[str]:
         for part in key.split("."):
             value = value[part]
         out.append(f"{key}={json.dumps(value) if isinstance(value, bool) else value}")
+    mp = resolved["actor_rollout_ref"]["actor"]["fsdp_config"]["mixed_precision"]
+    mp_value = "{" + ",".join(f"{k}:{v}" for k, v in mp.items()) + "}"
+    out += [f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={mp_value}",
+            f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={mp_value}"]
     attn = resolved["actor_rollout_ref"]["model"]["override_config"]["attn_implementation"]
     out += [f"+actor_rollout_ref.model.override_config.attn_implementation={attn}",
             f"+ray_kwargs.ray_init.num_gpus={resolved['ray_kwargs']['ray_init']['num_gpus']}"]
