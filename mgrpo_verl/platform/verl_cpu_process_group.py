@@ -159,8 +159,14 @@ def apply(strict: bool = False) -> bool:
 
 
 def revert() -> None:
-    """Undo :func:`apply` (for tests)."""
+    """Undo :func:`apply` (for tests), also in verl modules imported after it (they bound the wrapper)."""
     while _rebound:
         mod, name, original = _rebound.pop()
         setattr(mod, name, original)
+    for mod in list(sys.modules.values()):
+        mod_name = getattr(mod, "__name__", "") or ""
+        if mod_name == "verl" or mod_name.startswith("verl."):
+            for name, original in _originals.items():
+                if getattr(getattr(mod, name, None), "__mgrpo_patch__", None) == PATCH_ID:
+                    setattr(mod, name, original)
     _originals.clear()
