@@ -34,6 +34,15 @@ COMMON = (
 )
 
 
+# A dense reward (vowel share of the first 16 characters): every batch of a random tiny model gets
+# rewards that differ between samples, hence non-zero advantages and a real update in step 1. The echo
+# task's reward is zero for most early samples, which would make "the weights moved" a matter of luck.
+DENSE_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return sum(c in "aeiouAEIOU" for c in solution_str[:16]) / 16
+"""
+
+
 def _fingerprint(model_dir: str) -> str:
     from mgrpo_verl.rollout.engine import weights_fingerprint
 
@@ -47,8 +56,11 @@ def _logprobs(model_dir: str, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
-def test_train_validate_checkpoint_resume_on_cpu(main_ppo, monkeypatch):
-    first = main_ppo("first", "trainer.total_training_steps=2", *COMMON)
+def test_train_validate_checkpoint_resume_on_cpu(main_ppo, monkeypatch, tmp_path):
+    reward = tmp_path / "dense_reward.py"
+    reward.write_text(DENSE_REWARD)
+    common = (*COMMON, f"reward.custom_reward_function.path={reward}")
+    first = main_ppo("first", "trainer.total_training_steps=2", *common)
     assert first.returncode == 0, first.log[-6000:]
     assert first.steps() == [1, 2]
     summary = [line for line in first.log.splitlines() if line.startswith("mgrpo_verl: ")]
@@ -60,6 +72,7 @@ def test_train_validate_checkpoint_resume_on_cpu(main_ppo, monkeypatch):
     # the reference policy ran: a KL loss was computed, and it is > 0 once the actor moved (step 2)
     assert "actor/kl_loss" in first.at(1) and first.at(2)["actor/kl_loss"] > 0
     for step in (1, 2):
+        assert 0 < first.at(step)["critic/score/mean"] < 1  # the dense reward varies
         assert math.isfinite(first.at(step)["actor/pg_loss"])
         assert first.at(step)["training/rollout_probs_diff_max"] < PROB_TOLERANCE
 
@@ -83,7 +96,7 @@ def test_train_validate_checkpoint_resume_on_cpu(main_ppo, monkeypatch):
         assert _fingerprint(directory) in fingerprints, (step, synced)
     assert _fingerprint(initial_dir) in fingerprints  # the first sync pushes the initial weights
 
-    second = main_ppo("second", "trainer.total_training_steps=3", *COMMON)
+    second = main_ppo("second", "trainer.total_training_steps=3", *common)
     assert second.returncode == 0, second.log[-6000:]
     # a fresh start would have run steps 1, 2, 3: resuming from global_step_2 runs step 3 only
     assert second.steps() == [3], second.steps()
