@@ -4,7 +4,6 @@ Ray instance that writes only under a temporary directory (VERL_0.9.1_FACTS.md: 
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 
@@ -16,15 +15,10 @@ import torch
 def tiny_paths(tmp_path_factory):
     from mgrpo_verl.models.tiny import build_tiny_model
 
-    old = os.environ.get("MGRPO_VERL_CACHE")
-    os.environ["MGRPO_VERL_CACHE"] = str(tmp_path_factory.mktemp("mgrpo_cache"))
-    try:
+    from mgrpo_verl.platform.ray_session import patched_environ
+
+    with patched_environ({"MGRPO_VERL_CACHE": str(tmp_path_factory.mktemp("mgrpo_cache"))}):
         yield build_tiny_model(seed=0)
-    finally:
-        if old is None:
-            os.environ.pop("MGRPO_VERL_CACHE", None)
-        else:
-            os.environ["MGRPO_VERL_CACHE"] = old
 
 
 @pytest.fixture(scope="session")
@@ -54,18 +48,11 @@ def ray_local():
     if ray.is_initialized():
         yield ray
         return
+    from mgrpo_verl.platform.ray_session import patched_environ
+
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
-    os.environ["RAY_TMPDIR"] = tmp
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    try:
+    with patched_environ({"RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled"}):
         ray.init(num_cpus=8, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         yield ray
     finally:
