@@ -28,6 +28,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from mgrpo_verl.config.resolvers import register_resolvers, uses_cpu
+from mgrpo_verl.trainer.multi_agent_config import multi_agent_enabled, parse_multi_agent
 
 register_resolvers()
 
@@ -56,12 +57,13 @@ def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
                 ray.shutdown()
 
 
-def summarize(metrics_file: Path, seconds: float) -> dict[str, Any]:
-    """First and last training reward and validation score from verl's JSON-lines metrics file."""
+def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD) -> dict[str, Any]:
+    """First and last training reward (``reward_key``) and validation score from verl's JSON-lines
+    metrics file."""
     records = []
     if metrics_file.is_file():
         records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    train = [(r["step"], r["data"][TRAIN_REWARD]) for r in records if TRAIN_REWARD in r["data"]]
+    train = [(r["step"], r["data"][reward_key]) for r in records if reward_key in r["data"]]
     steps = [step for step, _ in train]
     val_key = next((k for r in records for k in r["data"] if k.startswith(VAL_PREFIX) and "/mean@" in k), None)
     val = [(r["step"], r["data"][val_key]) for r in records if val_key and val_key in r["data"]]
@@ -70,6 +72,7 @@ def summarize(metrics_file: Path, seconds: float) -> dict[str, Any]:
         "first_step": steps[0] if steps else None,
         "last_step": steps[-1] if steps else None,
         "seconds": seconds,
+        "reward_key": reward_key,
         "train_reward_first": train[0][1] if train else math.nan,
         "train_reward_last": train[-1][1] if train else math.nan,
         "val_metric": val_key,
@@ -79,13 +82,17 @@ def summarize(metrics_file: Path, seconds: float) -> dict[str, Any]:
     }
 
 
+def _key_note(reward_key: str) -> str:
+    return "" if reward_key == TRAIN_REWARD else f" ({reward_key})"
+
+
 def summary_line(s: dict[str, Any]) -> str:
     if not Path(s["metrics_file"]).is_file():
         return (f"mgrpo_verl: finished in {s['seconds']:.0f} s; no metrics file at {s['metrics_file']} "
                 f"(keep 'file' in trainer.logger for the summary)")
     line = (
         f"mgrpo_verl: {s['steps']} steps (step {s['first_step']} to {s['last_step']}) in {s['seconds']:.0f} s; "
-        f"train reward {s['train_reward_first']:.3f} -> {s['train_reward_last']:.3f}"
+        f"train reward{_key_note(s.get('reward_key', TRAIN_REWARD))} {s['train_reward_first']:.3f} -> {s['train_reward_last']:.3f}"
     )
     if s["val_metric"]:
         line += f"; {s['val_metric']} {s['val_first']:.3f} -> {s['val_last']:.3f}"
@@ -102,13 +109,17 @@ def run(config: DictConfig) -> dict[str, Any]:
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if not config.trainer.use_v1:
         raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")
+    reward_key = TRAIN_REWARD
+    if multi_agent_enabled(config):
+        # every error in the multi_agent section surfaces here, before Ray starts
+        reward_key = f"agent/{parse_multi_agent(config).main}/score/mean"
 
     metrics_file = Path(config.mgrpo_verl.metrics_file).absolute()
     metrics_file.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with ray_environment(uses_cpu(config.mgrpo_verl.device), {"VERL_FILE_LOGGER_PATH": str(metrics_file)}):
         run_ppo(config, task_runner_class=TaskRunnerV1)
-    summary = summarize(metrics_file, time.monotonic() - start)
+    summary = summarize(metrics_file, time.monotonic() - start, reward_key)
     print(summary_line(summary), flush=True)
     return summary
 

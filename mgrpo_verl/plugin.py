@@ -17,6 +17,18 @@ def ensure_registered() -> None:
 
     register_cpu_platform()
     register_hf_rollout()
+    register_multi_agent()
+
+
+def register_multi_agent() -> None:
+    """Our agent loops and the ``mgrpo`` trainer, registered when verl defines their registries, so a
+    process that never imports verl's agent-loop or trainer modules pays nothing."""
+    from importlib import import_module
+
+    from mgrpo_verl.platform._import_hooks import when_imported
+
+    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.rollout.delegation"))
+    when_imported("verl.trainer.ppo.v1", lambda _: import_module("mgrpo_verl.trainer.per_agent"))
 
 
 ensure_registered()

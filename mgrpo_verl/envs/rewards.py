@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mgrpo_verl.envs import echo
+from mgrpo_verl.envs import echo, relay
 
-_SCORERS = {echo.DATA_SOURCE: echo.compute_score}
+_SCORERS = {echo.DATA_SOURCE: echo.compute_score, relay.DATA_SOURCE: relay.compute_score}
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any):

@@ -1,0 +1,467 @@
+"""Hierarchical rollout of the relay task: a main agent that delegates to a sub-agent.
+
+``RelayDelegationLoop`` (verl agent loop ``mgrpo_relay``, chosen per row by the dataset column
+``agent_name``, see :mod:`mgrpo_verl.envs.relay`) runs one main trajectory:
+
+1. the main agent writes a plan (at most ``plan_tokens`` tokens) from its prompt;
+2. it decides how many times the sub-agent is called:
+   ``d = min_calls + sum(plan token ids) % (max_calls - min_calls + 1)``, a function of the main agent's
+   own output, so ``d`` varies between rollouts (and is 0 sometimes when ``min_calls`` is 0);
+3. the ``d`` calls run concurrently on the sub-agent's own model: ``server_manager.for_agent(sub)``
+   (a :class:`~mgrpo_verl.rollout.multi_client.MultiAgentLLMClient`), or ``server_manager`` itself when
+   it has no ``for_agent`` (single-agent baseline: one model plays every role). Each call sees the
+   secret digit and the plan (prompt in the sub-agent's own tokenizer) and yields one sub row;
+4. the main agent sees the observation ``"Helper said: a1 | a2 | ..."`` (``"Helper was not asked."``
+   when ``d = 0``), appended as a user turn with response mask 0 and log-prob 0, and writes its final
+   answer (at most ``answer_tokens`` tokens);
+5. the main row is plan ⊕ observation ⊕ answer, one multi-turn response within the main
+   ``response_length``: an observation too long to leave ``answer_tokens`` of room is shortened (text
+   prefix + ``"...(truncated)"``), and whatever still overflows is cut (ids, mask and log-probs together).
+
+Rows returned: ``[sub rows in call order..., main row]``. The main row is **last** because verl treats
+``outputs[-1]`` as the trajectory's final output: ``AgentLoopWorkerTQ._agent_loop_postprocess`` computes
+the reward for it only and then overwrites every earlier output's ``reward_score`` and
+``reward_extra_info`` with the final one's, and validation keeps the last row of each session.
+
+That overwrite is why every row carries its **own** score in ``extra_fields["mgrpo"]["score"]`` (the
+M-GRPO trainer reads it from there), while ``reward_score`` (verl's ``rm_scores``) is the main score on
+every row: the loop sets it itself, so verl runs no reward loop of its own and every row has the same
+set of fields, as ``list_of_dict_to_tensordict`` requires (it takes the keys from the first row).
+
+Row metadata, ``extra_fields`` of every row:
+
+* ``"mgrpo"``: ``{"agent", "traj_id", "parent_traj_id", "score", "calls", "failed_calls",
+  "observation_truncated"}`` with ``traj_id = "{uid}/{session_id}/main"`` for the main row and
+  ``"{uid}/{session_id}/{sub}/{j}"`` for call ``j``; ``parent_traj_id`` is ``""`` for the main row and
+  the main's ``traj_id`` for sub rows; ``calls`` is ``d`` on the main row and 1 on sub rows;
+  ``failed_calls`` counts sub calls that raised or timed out (main row; 0 on sub rows);
+  ``observation_truncated`` is True when the observation was shortened to fit (False on sub rows);
+* what the server put in each generation's ``TokenOutput.extra_fields`` (``min_global_steps``,
+  ``max_global_steps``, ``global_steps``, ...): verl turns the first two into the row's staleness tags.
+  The main row has two generations: min of the mins, max of the maxes, speculative-decoding counters
+  summed, any other key from the last generation;
+* ``"reward_extra_info"``: ``{"acc": main score, "calls": d}``.
+
+Errors: a sub-agent generation that raises or exceeds ``timeout_s`` becomes ``"<error: ...>"`` in the
+observation, yields no sub row and is counted in ``failed_calls``; configuration errors (bad
+``multi_agent.delegation`` values, an unknown sub-agent name) raise.
+
+``AgentLoopWorkerTQ`` (verl's v1 trainer) accepts a list of outputs; verl's legacy ``AgentLoopWorker``
+accepts one output only, so this loop needs the v1 trainer. The module must be imported in each
+agent-loop worker process for ``@register`` to take effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import uuid4
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
+from verl.utils import hf_tokenizer, normalize_token_ids
+
+from mgrpo_verl.envs import relay
+
+logger = logging.getLogger(__name__)
+
+#: tokenizer path -> tokenizer, for sub-agents whose model differs from the main agent's (per process).
+_TOKENIZERS: dict[str, Any] = {}
+
+#: The sampling-param key both verl's vLLM server and our HF server read as the cap on new tokens.
+MAX_TOKENS_KEY = "max_tokens"
+
+#: Appended to an observation shortened to fit the main agent's response budget.
+TRUNCATED = "...(truncated)"
+
+
+def _int_setting(section: Any, name: str, default: int, low: int) -> int:
+    value = section.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"multi_agent.delegation.{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DelegationSettings:
+    """The loop's settings, read from the trainer config's ``multi_agent`` section (all optional).
+
+    * ``multi_agent.main`` (default ``"main"``): the main agent's name (``agent`` of the main row);
+    * ``multi_agent.delegation.sub_agent`` (default null: the first key of ``multi_agent.agents`` that is
+      not the main agent, or ``"sub"`` when there is no ``agents`` section): the agent called;
+    * ``multi_agent.delegation.min_calls`` / ``max_calls`` (0 / 3, ``0 <= min <= max``): range of ``d``;
+    * ``multi_agent.delegation.plan_tokens`` / ``answer_tokens`` (8 / 8, >= 1): new-token caps of the
+      main agent's two generations (also capped by the room left in the main ``response_length``; a long
+      observation is shortened so that ``answer_tokens`` of room remain);
+    * ``multi_agent.delegation.sub_response_tokens`` (16, >= 1): new-token cap of one sub-agent call, also
+      capped by the sub-agent's rollout ``response_length``;
+    * ``multi_agent.delegation.timeout_s`` (120, > 0): seconds one sub-agent call may take.
+
+    Other keys of ``multi_agent.delegation`` (e.g. ``mode``) are left to other readers.
+    """
+
+    main: str = "main"
+    sub_agent: str = "sub"
+    min_calls: int = 0
+    max_calls: int = 3
+    plan_tokens: int = 8
+    answer_tokens: int = 8
+    sub_response_tokens: int = 16
+    timeout_s: float = 120.0
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> DelegationSettings:
+        """Settings of ``config`` (the whole trainer config); raises ``ValueError`` naming a bad field."""
+        section = OmegaConf.select(config, "multi_agent", default=None) or {}
+        main = section.get("main") or cls.main
+        delegation = section.get("delegation") or {}
+        sub = delegation.get("sub_agent")
+        if sub is None:
+            agents = section.get("agents")
+            if agents is None:
+                sub = cls.sub_agent
+            else:
+                sub = next((name for name in agents if name != main), None)
+                if sub is None:
+                    raise ValueError(
+                        f"multi_agent.delegation.sub_agent is not set and multi_agent.agents has no agent other "
+                        f"than the main agent {main!r}: {list(agents)}"
+                    )
+        min_calls = _int_setting(delegation, "min_calls", cls.min_calls, 0)
+        max_calls = _int_setting(delegation, "max_calls", cls.max_calls, 0)
+        if min_calls > max_calls:
+            raise ValueError(f"multi_agent.delegation.min_calls ({min_calls}) must be <= max_calls ({max_calls})")
+        timeout_s = delegation.get("timeout_s", cls.timeout_s)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+            raise ValueError(f"multi_agent.delegation.timeout_s must be a number > 0, got {timeout_s!r}")
+        return cls(
+            main=str(main),
+            sub_agent=str(sub),
+            min_calls=min_calls,
+            max_calls=max_calls,
+            plan_tokens=_int_setting(delegation, "plan_tokens", cls.plan_tokens, 1),
+            answer_tokens=_int_setting(delegation, "answer_tokens", cls.answer_tokens, 1),
+            sub_response_tokens=_int_setting(delegation, "sub_response_tokens", cls.sub_response_tokens, 1),
+            timeout_s=float(timeout_s),
+        )
+
+    def num_calls(self, plan_ids: list[int]) -> int:
+        """``d`` for a plan: ``min_calls + sum(plan_ids) % (max_calls - min_calls + 1)``."""
+        return self.min_calls + sum(plan_ids) % (self.max_calls - self.min_calls + 1)
+
+
+@dataclass(frozen=True)
+class _Generation:
+    """One generation, capped at the requested number of new tokens."""
+
+    token_ids: list[int]
+    log_probs: list[float]  # zeros where the backend returned none
+    extra_fields: dict[str, Any]
+    num_preempted: int | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _SubAgent:
+    """Where and how the sub-agent's calls run."""
+
+    name: str
+    client: Any
+    tokenizer: Any
+    prompt_length: int
+    response_tokens: int
+
+
+@dataclass
+class _MainTurns:
+    """The main agent's growing multi-turn sequence: ``runtime`` = prompt ⊕ response so far, with one mask
+    and log-prob entry per response token."""
+
+    messages: list[dict[str, Any]]
+    request_id: str  # one per trajectory: both main generations go to the same server (prefix cache)
+    response_length: int
+    runtime: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    generations: list[_Generation] = field(default_factory=list)
+    calls_seconds: float = 0.0
+    observation_truncated: bool = False
+
+    @property
+    def room(self) -> int:
+        """New tokens the response can still take."""
+        return max(0, self.response_length - len(self.mask))
+
+    def row(self, extra_fields: dict[str, Any], score: float) -> AgentLoopOutput:
+        """The main row, cut to ``response_length`` (ids, mask and log-probs together)."""
+        start = len(self.runtime) - len(self.mask)  # where the response begins (CT merges may edit the prefix)
+        n = min(len(self.mask), self.response_length)
+        return _row(
+            self.runtime[:start],
+            self.runtime[start : start + n],
+            self.mask[:n],
+            self.logprobs[:n],
+            num_turns=2 + len(self.generations),  # user prompt, plan, observation (+ answer when there was room)
+            metrics=AgentLoopMetrics(
+                generate_sequences=sum(g.seconds for g in self.generations),
+                tool_calls=self.calls_seconds,
+                num_preempted=_preempted(self.generations),
+            ),
+            extra_fields={**_merge_generation_fields(self.generations), **extra_fields},
+            reward_score=score,
+        )
+
+
+def _agent_setting(agent_config: Any, key: str, default: Any) -> Any:
+    """``key`` of an agent's full config (a client's ``config``), or ``default`` when it has none."""
+    if not isinstance(agent_config, DictConfig):
+        return default
+    return OmegaConf.select(agent_config, key, default=default)
+
+
+def _tokenizer_path(agent_config: Any) -> str | None:
+    """``actor_rollout_ref.model.tokenizer_path``, else ``.path``, of an agent's full config."""
+    return _agent_setting(agent_config, "actor_rollout_ref.model.tokenizer_path", None) or _agent_setting(
+        agent_config, "actor_rollout_ref.model.path", None
+    )
+
+
+def _merge_generation_fields(generations: list[_Generation]) -> dict[str, Any]:
+    """The main row's server fields: min/max of the global-step bounds, spec-decode counters summed, other
+    keys from the last generation."""
+    merged: dict[str, Any] = {}
+    for gen in generations:
+        merged.update(gen.extra_fields)
+    for key, pick in (("min_global_steps", min), ("max_global_steps", max)):
+        values = [g.extra_fields[key] for g in generations if g.extra_fields.get(key) is not None]
+        if values:
+            merged[key] = pick(values)
+    for key in SPEC_DECODE_EXTRA_KEYS:
+        if all(key in g.extra_fields for g in generations):
+            merged[key] = sum(int(g.extra_fields[key]) for g in generations)
+    return merged
+
+
+def _preempted(generations: list[_Generation]) -> int:
+    counts = [g.num_preempted for g in generations if g.num_preempted is not None]
+    return sum(counts) if counts else -1
+
+
+def _mgrpo(agent: str, traj_id: str, parent_traj_id: str, score: float, calls: int) -> dict[str, Any]:
+    """``extra_fields["mgrpo"]`` of a row (``failed_calls`` / ``observation_truncated`` set for the main row)."""
+    return {
+        "agent": agent,
+        "traj_id": traj_id,
+        "parent_traj_id": parent_traj_id,
+        "score": float(score),
+        "calls": calls,
+        "failed_calls": 0,
+        "observation_truncated": False,
+    }
+
+
+def _row(
+    prompt_ids: list[int],
+    response_ids: list[int],
+    response_mask: list[int],
+    response_logprobs: list[float],
+    *,
+    num_turns: int,
+    metrics: AgentLoopMetrics,
+    extra_fields: dict[str, Any],
+    reward_score: float,
+) -> AgentLoopOutput:
+    """One output; every row sets the same fields, so verl's per-call field set is uniform."""
+    return AgentLoopOutput(
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        response_logprobs=response_logprobs,
+        reward_score=reward_score,
+        num_turns=num_turns,
+        metrics=metrics,
+        extra_fields=extra_fields,
+    )
+
+
+def _sub_row(
+    prompt_ids: list[int], call: _Generation, mgrpo: dict[str, Any], reward_extra_info: dict[str, Any], score: float
+) -> AgentLoopOutput:
+    """The row of one sub-agent call: every response token generated (mask 1); user prompt + answer turns."""
+    return _row(
+        prompt_ids,
+        call.token_ids,
+        [1] * len(call.token_ids),
+        call.log_probs,
+        num_turns=2,
+        metrics=AgentLoopMetrics(generate_sequences=call.seconds, num_preempted=_preempted([call])),
+        extra_fields={**call.extra_fields, "mgrpo": mgrpo, "reward_extra_info": dict(reward_extra_info)},
+        reward_score=score,
+    )
+
+
+@register(relay.AGENT_LOOP_NAME)
+class RelayDelegationLoop(AgentLoopBase):
+    """The relay task's hierarchical rollout (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.settings = DelegationSettings.from_config(self.config)
+        #: main agent's response budget (``actor_rollout_ref.rollout.response_length``)
+        self.response_length = int(self.rollout_config.response_length)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        """Rows ``[sub rows..., main row]`` of one main trajectory; ``kwargs`` is the dataset row (verl passes
+        ``raw_prompt``, ``reward_model``, ``uid``, ``session_id``, ...; without ``uid`` a fresh id is used)."""
+        sub = self._resolve_sub_agent()  # before any generation: an unknown sub-agent is a config error
+        digit = str(kwargs["reward_model"]["ground_truth"])
+        prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
+        turns = _MainTurns(list(kwargs["raw_prompt"]), uuid4().hex, self.response_length)
+        turns.runtime = await self.ct_build_initial_tokens(turns.messages)
+
+        plan_text = await self._main_turn(turns, sampling_params, self.settings.plan_tokens)
+        d = self.settings.num_calls(turns.generations[0].token_ids)
+        sub_prompt = self._sub_prompt(sub, digit, plan_text)
+        start = time.perf_counter()
+        calls = await asyncio.gather(*(self._call_sub(sub, sub_prompt, sampling_params) for _ in range(d)))
+        turns.calls_seconds = time.perf_counter() - start
+        texts = [
+            call if isinstance(call, str) else sub.tokenizer.decode(call.token_ids, skip_special_tokens=True).strip()
+            for call in calls
+        ]
+        await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
+        answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
+
+        score = relay.main_score(answer_text, digit)
+        reward_extra_info = {"acc": score, "calls": d}
+        rows = [
+            _sub_row(
+                sub_prompt,
+                call,
+                _mgrpo(sub.name, f"{prefix}/{sub.name}/{j}", f"{prefix}/main", relay.sub_local_score(text, digit), 1),
+                reward_extra_info,
+                score,
+            )
+            for j, (call, text) in enumerate(zip(calls, texts, strict=True))
+            if not isinstance(call, str)
+        ]
+        main = _mgrpo(self.settings.main, f"{prefix}/main", "", score, d)
+        main.update(failed_calls=len(calls) - len(rows), observation_truncated=turns.observation_truncated)
+        rows.append(turns.row({"mgrpo": main, "reward_extra_info": reward_extra_info}, score))
+        return rows
+
+    async def _main_turn(self, turns: _MainTurns, sampling_params: dict[str, Any], max_tokens: int) -> str:
+        """One main-agent generation (at most ``max_tokens`` and the room left), appended; returns its text."""
+        gen = await self._generate(
+            self.server_manager, turns.request_id, turns.runtime, sampling_params, min(max_tokens, turns.room)
+        )
+        merged, turns.mask, turns.logprobs = await self.ct_merge_assistant_token(
+            turns.runtime, gen.token_ids, turns.mask, turns.logprobs, assistant_logprobs=gen.log_probs
+        )
+        turns.runtime = merged.token_ids
+        turns.generations.append(gen)
+        return self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+
+    async def _observe(self, turns: _MainTurns, plan_text: str, observation: str) -> None:
+        """Append the observation as a user turn (mask 0, log-prob 0), with the next generation prompt.
+
+        It keeps ``answer_tokens`` of room for the answer: an observation that does not fit is replaced by
+        its longest text prefix that does, marked ``TRUNCATED`` (``observation_truncated`` notes it). When not
+        even the bare marker fits, the row is cut to ``response_length`` at the end (ids, mask and
+        log-probs together) and the answer gets what room is left, possibly none.
+        """
+        history = turns.messages + [{"role": "assistant", "content": plan_text}]
+        budget = turns.response_length - self.settings.answer_tokens
+        merged = await self._merge_observation(turns, history, observation)
+        if len(merged[1]) > budget:
+            turns.observation_truncated = True
+            low, high = 0, len(observation)  # longest prefix length known to fit / not yet excluded
+            merged = await self._merge_observation(turns, history, TRUNCATED)
+            while low < high:
+                mid = (low + high + 1) // 2
+                candidate = await self._merge_observation(turns, history, observation[:mid] + TRUNCATED)
+                if len(candidate[1]) <= budget:
+                    low, merged = mid, candidate
+                else:
+                    high = mid - 1
+        turns.runtime, turns.mask, turns.logprobs = merged
+
+    async def _merge_observation(
+        self, turns: _MainTurns, history: list[dict[str, Any]], observation: str
+    ) -> tuple[list[int], list[int], list[float]]:
+        """(tokens, mask, log-probs) of ``turns`` with ``observation`` appended; ``turns`` is not changed."""
+        merged, mask, logprobs = await self.ct_merge_context_msg(
+            history, history + [{"role": "user", "content": observation}], turns.runtime, turns.mask, turns.logprobs
+        )
+        return merged.token_ids, mask, logprobs
+
+    async def _generate(
+        self, client: Any, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], max_tokens: int
+    ) -> _Generation:
+        """One generation of at most ``max_tokens`` new tokens (passed as ``max_tokens``; also enforced here)."""
+        params = {**sampling_params, MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
+        start = time.perf_counter()
+        output = await client.generate(request_id=request_id, prompt_ids=prompt_ids, sampling_params=params)
+        seconds = time.perf_counter() - start
+        token_ids = list(output.token_ids)[:max_tokens]
+        log_probs = [float(x) for x in (output.log_probs or [])[: len(token_ids)]]
+        log_probs += [0.0] * (len(token_ids) - len(log_probs))  # zeros where the backend returned none
+        return _Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
+
+    async def _call_sub(
+        self, sub: _SubAgent, prompt_ids: list[int], sampling_params: dict[str, Any]
+    ) -> _Generation | str:
+        """One sub-agent call; a failure or timeout is returned as the ``"<error: ...>"`` text the main sees."""
+        try:
+            return await asyncio.wait_for(
+                self._generate(sub.client, uuid4().hex, prompt_ids, sampling_params, sub.response_tokens),
+                timeout=self.settings.timeout_s,
+            )
+        except asyncio.TimeoutError:
+            logger.warning("sub-agent %r call timed out after %gs", sub.name, self.settings.timeout_s)
+            return f"<error: timed out after {self.settings.timeout_s:g}s>"
+        except Exception as exc:
+            logger.warning("sub-agent %r call failed: %r", sub.name, exc)
+            return f"<error: {type(exc).__name__}: {exc}>"
+
+    def _resolve_sub_agent(self) -> _SubAgent:
+        """The sub-agent's client, tokenizer and limits.
+
+        The client is ``server_manager.for_agent(sub_agent)`` (which raises for an unknown name), or the
+        server manager itself without ``for_agent``. From the client's ``config`` (the agent's full
+        config), when it has one: ``actor_rollout_ref.model.tokenizer_path`` (or ``.path``) picks the
+        tokenizer (the main agent's when equal or absent), ``actor_rollout_ref.rollout.prompt_length`` /
+        ``response_length`` cap the sub prompt and answer (default: the main agent's rollout config).
+        """
+        name = self.settings.sub_agent
+        manager = self.server_manager
+        client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
+        agent_config = getattr(client, "config", None)
+        path = _tokenizer_path(agent_config)
+        tokenizer = self.tokenizer
+        if path is not None and path != _tokenizer_path(self.config):
+            if path not in _TOKENIZERS:
+                trust = bool(_agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+                _TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
+            tokenizer = _TOKENIZERS[path]
+        rollout = "actor_rollout_ref.rollout"
+        prompt_length = int(_agent_setting(agent_config, f"{rollout}.prompt_length", self.rollout_config.prompt_length))
+        response_length = int(_agent_setting(agent_config, f"{rollout}.response_length", self.response_length))
+        return _SubAgent(
+            name, client, tokenizer, prompt_length, min(self.settings.sub_response_tokens, response_length)
+        )
+
+    def _sub_prompt(self, sub: _SubAgent, digit: str, plan_text: str) -> list[int]:
+        """Prompt token ids of a sub-agent call (its own tokenizer), left-truncated to its prompt length."""
+        tokenized = sub.tokenizer.apply_chat_template(
+            relay.sub_messages(digit, plan_text),
+            add_generation_prompt=True,
+            tokenize=True,
+            **self.apply_chat_template_kwargs,
+        )
+        return normalize_token_ids(tokenized)[-sub.prompt_length :]

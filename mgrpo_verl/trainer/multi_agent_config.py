@@ -1,0 +1,660 @@
+"""The ``multi_agent:`` section of the trainer config: parsing, validation and per-agent configs.
+
+Our Hydra config is verl's ``ppo_trainer`` config plus top-level keys of our own. verl's typed
+sections reject unknown keys, so the multi-agent settings live in a section of their own::
+
+    multi_agent:
+      enable: false
+      main: main
+      algorithm: mgrpo
+      mgrpo: {sub_reward_local_weight: 0.5, sub_reward_main_weight: 0.5, norm_adv_by_std: true,
+              epsilon: 1.0e-6, norm_scope: group}
+      d_max: auto
+      delegation: {sub_agent: null, min_calls: 0, max_calls: 3, plan_tokens: 8, answer_tokens: 8,
+                   sub_response_tokens: 16, timeout_s: 120}
+      agents:
+        main: {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
+        sub:  {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
+
+What every key means, and why it exists:
+
+``enable`` (default ``false``)
+    ``true`` runs our per-agent trainer (one model, one set of actor/ref/rollout workers per agent)
+    instead of verl's single-model trainer. ``trainer.v1.trainer_mode`` must then be ``"mgrpo"``, so
+    that verl's own trainer modes are never started on a multi-agent config by mistake.
+``main`` (default ``"main"``)
+    Name of the main agent (the planner). Its rows are the roots of the hierarchy: they have
+    ``parent_traj_id == ""``. It must be one of ``agents``; it always comes first in
+    :attr:`MultiAgentConfig.agents` (its model is placed first, its replicas get offset 0).
+``algorithm`` (default ``"mgrpo"``)
+    ``mgrpo``: hierarchical M-GRPO advantages (sub-agents credited with their own score and their
+    parent's). ``grpo``: single-agent GRPO baseline, advantages from the main agent's score only.
+``mgrpo`` (default: :class:`~mgrpo_verl.algorithms.config.MGRPOConfig`'s defaults)
+    Options of the M-GRPO estimator, parsed by :meth:`MGRPOConfig.from_any` (documented there).
+    Parsed (and so validated) with ``algorithm: grpo`` too, so that switching algorithms never
+    uncovers a typo late.
+``d_max`` (default ``"auto"``)
+    D, the number of sub-agent calls per main trajectory that take part in the alignment: a
+    positive int, or ``"auto"`` (a quantile of the batch's call counts); see
+    :func:`mgrpo_verl.algorithms.alignment.resolve_d_max`.
+``delegation``
+    How the main agent delegates to a sub-agent in the built-in environments. See
+    :class:`DelegationConfig`.
+``agents`` (required, non-empty)
+    The agents, a mapping keyed by name. Names must match ``[A-Za-z0-9_-]+`` because they become
+    metric prefixes (``<agent>/actor/...``) and folder names (checkpoints per agent). Each entry:
+
+    ``trainable`` (default ``true``)
+        Whether this agent's model is updated. A frozen agent still generates (and gets a reference
+        / log-prob pass only if needed), so a fixed sub-agent can serve a trained main agent.
+    ``n_gpus_per_node`` (default ``1``)
+        This agent's share of ``trainer.n_gpus_per_node`` (GPUs, or logical GPUs on CPU) for its own
+        actor + ref + rollout workers (a colocated hybrid engine per agent). Model owners' shares
+        must add up to at most ``trainer.n_gpus_per_node``. Ignored (taken as 0) for an agent that
+        shares another's model: it has no workers of its own.
+    ``share_model_with`` (default ``null``)
+        Another agent's name: this agent has no model of its own; its calls go to that agent's
+        model and its rows train that model (the single-agent baseline, where one model plays every
+        role). The other agent must own its model (no chains) and cannot be the agent itself; the
+        main agent cannot share. ``trainable`` must equal the owner's (the same weights cannot be
+        both frozen and trained), and ``actor_rollout_ref`` must be empty (the model's settings are
+        the owner's).
+    ``actor_rollout_ref`` (default ``{}``)
+        Overrides merged onto the top-level ``actor_rollout_ref`` for this agent (model path, lr,
+        ``rollout.response_length``, ...). Keys verl's typed configs do not have are rejected later,
+        when verl builds its dataclasses. ``rollout.n`` cannot differ from the top-level one, because
+        sub-agent rows are grouped with their parents' rollouts.
+
+Multi-agent mode does not support some verl features (each rejected with its own message):
+a critic (``critic.enable: true`` or ``algorithm.adv_estimator`` other than ``grpo`` / ``mgrpo``:
+the top-level estimator is not used by our trainer, but ``gae`` would need a critic),
+``algorithm.use_kl_in_reward``, an active ``algorithm.rollout_correction`` (``rollout_is`` or
+``rollout_rs`` set, or ``bypass_mode: true``; verl's default section with both null is inert and
+accepted), a reward model (``reward.reward_model.enable``, or the legacy ``reward_model.enable``),
+LoRA (``model.lora_rank > 0`` or ``model.lora.rank > 0``, top-level or in any agent's override),
+distillation (``distillation.enabled``), and more than one node (``trainer.nnodes`` must be 1:
+per-agent placement over several nodes is not supported yet).
+
+Everything here is pure: no Ray, no models; the input config is never modified.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from mgrpo_verl.algorithms.config import MGRPOConfig
+
+ALGORITHMS = ("mgrpo", "grpo")
+"""Values of ``multi_agent.algorithm``."""
+
+TRAINER_MODE = "mgrpo"
+"""The ``trainer.v1.trainer_mode`` that multi-agent mode requires."""
+
+SUPPORTED_ADV_ESTIMATORS = ("grpo", "mgrpo")
+"""Top-level ``algorithm.adv_estimator`` values accepted in multi-agent mode (critic-free ones)."""
+
+AGENT_NAME_RE = re.compile(r"[A-Za-z0-9_\-]+")
+"""Agent names become metric prefixes and folder names."""
+
+AGENT_KEYS = ("trainable", "n_gpus_per_node", "share_model_with", "actor_rollout_ref")
+"""Keys of one entry of ``multi_agent.agents``."""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """One entry of ``multi_agent.agents`` (see the module docstring for each field's meaning)."""
+
+    name: str
+    """The agent's name (its key in ``multi_agent.agents``)."""
+
+    trainable: bool
+    """Whether the agent's model is updated (for a sharing agent: equal to its owner's)."""
+
+    n_gpus_per_node: int
+    """GPUs (logical on CPU) of this agent's workers; 0 for an agent that shares another's model."""
+
+    share_model_with: Optional[str]
+    """The agent whose model plays this one, or ``None`` when it owns its model."""
+
+    actor_rollout_ref: dict
+    """Overrides of ``actor_rollout_ref`` for this agent, a plain container. Interpolations are kept
+    unresolved, so that they resolve in the agent's own config (see :func:`agent_full_config`).
+    Treat as read-only."""
+
+    @property
+    def owns_model(self) -> bool:
+        """Whether the agent has a model (and workers) of its own."""
+        return self.share_model_with is None
+
+
+@dataclass(frozen=True)
+class DelegationConfig:
+    """``multi_agent.delegation``: how the main agent delegates to a sub-agent in our environments."""
+
+    sub_agent: Optional[str] = None
+    """The agent the main agent calls. ``null`` in the config means the first non-main agent;
+    after parsing it is always a name (of a non-main agent)."""
+
+    min_calls: int = 0
+    """Fewest sub-agent calls per main trajectory the environment asks for (>= 0). 0 lets the main
+    agent answer alone, which the hierarchy must handle (a main row without children)."""
+
+    max_calls: int = 3
+    """Most sub-agent calls per main trajectory (>= 1, >= min_calls): bounds rollout time and the
+    number of sub rows per main row."""
+
+    plan_tokens: int = 8
+    """Response tokens of the main agent's planning turn (>= 1); small, for fast toy runs."""
+
+    answer_tokens: int = 8
+    """Response tokens of the main agent's final answer turn (>= 1)."""
+
+    sub_response_tokens: int = 16
+    """Response tokens of one sub-agent call (>= 1)."""
+
+    timeout_s: float = 120.0
+    """Seconds one sub-agent call may take before it counts as failed (> 0), so that a stuck
+    replica cannot hang the whole rollout."""
+
+
+DELEGATION_KEYS = tuple(f.name for f in dataclasses.fields(DelegationConfig))
+"""Keys of ``multi_agent.delegation``."""
+
+
+@dataclass(frozen=True)
+class MultiAgentConfig:
+    """The parsed, validated ``multi_agent`` section (see the module docstring)."""
+
+    main: str
+    """Name of the main agent."""
+
+    algorithm: str
+    """``"mgrpo"`` or ``"grpo"``."""
+
+    mgrpo: MGRPOConfig
+    """M-GRPO estimator options."""
+
+    d_max: Union[int, str]
+    """A positive int or ``"auto"``."""
+
+    delegation: DelegationConfig
+    """Delegation settings, with ``sub_agent`` resolved to a name."""
+
+    agents: tuple[AgentSpec, ...]
+    """Every agent: the main agent first, then the others in config order."""
+
+    def agent(self, name: str) -> AgentSpec:
+        """The agent called ``name``; ``ValueError`` naming the known agents if there is none."""
+        for spec in self.agents:
+            if spec.name == name:
+                return spec
+        raise ValueError(f"unknown agent {name!r}; known agents are {[a.name for a in self.agents]}")
+
+    @property
+    def model_owners(self) -> tuple[AgentSpec, ...]:
+        """Agents with a model of their own, main first (the order of model placement)."""
+        return tuple(a for a in self.agents if a.owns_model)
+
+    @property
+    def sub_agents(self) -> tuple[str, ...]:
+        """Every agent name except the main agent's, in order."""
+        return tuple(a.name for a in self.agents if a.name != self.main)
+
+    def owner_of(self, name: str) -> str:
+        """The agent whose model plays ``name``: itself, or the agent it shares a model with."""
+        spec = self.agent(name)
+        return spec.name if spec.share_model_with is None else spec.share_model_with
+
+    @property
+    def trainable_owners(self) -> tuple[AgentSpec, ...]:
+        """Model owners whose model is updated."""
+        return tuple(a for a in self.model_owners if a.trainable)
+
+    def replica_offsets(self, replicas_per_agent: Mapping[str, int]) -> dict[str, int]:
+        """Index of each model owner's first rollout replica when all replicas are numbered together.
+
+        Offsets accumulate over :attr:`model_owners` in order: the first gets 0, each next one the
+        previous offset plus the previous count. ``replicas_per_agent`` must give a count (int >= 0)
+        for every model owner and nothing else.
+        """
+        owners = [a.name for a in self.model_owners]
+        extra = sorted(str(k) for k in replicas_per_agent if k not in owners)
+        if extra:
+            raise ValueError(f"replica_offsets: {extra} are not model owners; model owners are {owners}")
+        offsets: dict[str, int] = {}
+        offset = 0
+        for name in owners:
+            if name not in replicas_per_agent:
+                raise ValueError(f"replica_offsets: no replica count for model owner {name!r}; model owners are {owners}")
+            count = replicas_per_agent[name]
+            if not _is_int(count) or count < 0:
+                raise ValueError(f"replica_offsets: replica count of {name!r} must be an int >= 0, got {count!r}")
+            offsets[name] = offset
+            offset += int(count)
+        return offsets
+
+
+# ----------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_dictconfig(config: Any) -> DictConfig:
+    if isinstance(config, DictConfig):
+        return config
+    if isinstance(config, Mapping):
+        return OmegaConf.create(dict(config))
+    raise TypeError(f"expected a DictConfig or a mapping, got {type(config).__name__}")
+
+
+def _select(config: DictConfig, key: str) -> Any:
+    """The value at ``key``, ``None`` when absent or ``???``; containers come back as plain ones."""
+    value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _child(node: DictConfig, key: Any, path: str, resolve: bool = True) -> Any:
+    """``node[key]`` as a plain value (containers converted), with a ``path`` in errors."""
+    try:
+        value = node[key]
+    except MissingMandatoryValue:
+        raise ValueError(f"{path}: missing mandatory value (???)") from None
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=resolve)
+    return value
+
+
+def _check_keys(node: Any, allowed: tuple[str, ...], path: str) -> None:
+    if not isinstance(node, (Mapping, DictConfig)):
+        raise ValueError(f"{path}: expected a mapping, got {node!r}")
+    unknown = [k for k in node.keys() if k not in allowed]
+    if unknown:
+        paths = ", ".join(f"{path}.{k}" for k in unknown)
+        raise ValueError(f"{paths}: unknown key(s); the keys of {path} are {list(allowed)}")
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# public API
+
+
+def multi_agent_enabled(config: Any) -> bool:
+    """``multi_agent.enable``; ``False`` when the section or the key is absent or null."""
+    config = _as_dictconfig(config)
+    enable = OmegaConf.select(config, "multi_agent.enable", default=None, throw_on_missing=False)
+    if enable is None:
+        return False
+    if not isinstance(enable, bool):
+        raise ValueError(f"multi_agent.enable must be true or false, got {enable!r}")
+    return enable
+
+
+def agent_full_config(config: DictConfig, spec: AgentSpec) -> DictConfig:
+    """The full config that one model owner's workers get.
+
+    A new config (``config`` is not modified; it may be struct-mode or read-only) equal to
+    ``config`` except that:
+
+    * ``actor_rollout_ref`` is the top-level one merged with ``spec.actor_rollout_ref``;
+    * ``trainer.n_gpus_per_node`` and ``actor_rollout_ref.rollout.n_gpus_per_node`` are
+      ``spec.n_gpus_per_node`` and ``trainer.nnodes`` is 1 (the agent's workers form their own pool);
+    * ``actor_rollout_ref.rollout.custom`` is the existing ``custom`` dict (if any) plus
+      ``mgrpo_agent: <name>``, which tells the rollout side which agent a replica serves.
+
+    Interpolations are kept, not resolved: they resolve in the agent's config, so that e.g.
+    ``tokenizer_path: ${actor_rollout_ref.model.path}`` follows the agent's own model path. The
+    result is neither struct-mode nor read-only.
+
+    An agent that shares another's model has no workers and no config of its own: ``ValueError``
+    (use the owner's spec).
+    """
+    if not spec.owns_model:
+        raise ValueError(
+            f"agent {spec.name!r} shares the model of {spec.share_model_with!r} and has no config of its own; "
+            f"build the config of {spec.share_model_with!r}"
+        )
+    config = _as_dictconfig(config)
+    plain = OmegaConf.to_container(config, resolve=False)
+    full = OmegaConf.create(plain)
+    if spec.actor_rollout_ref:
+        full = OmegaConf.merge(full, {"actor_rollout_ref": spec.actor_rollout_ref})
+    OmegaConf.update(full, "trainer.n_gpus_per_node", spec.n_gpus_per_node, merge=False)
+    OmegaConf.update(full, "trainer.nnodes", 1, merge=False)
+    OmegaConf.update(full, "actor_rollout_ref.rollout.n_gpus_per_node", spec.n_gpus_per_node, merge=False)
+    custom = _select(full, "actor_rollout_ref.rollout.custom")
+    if custom is not None and not isinstance(custom, Mapping):
+        raise ValueError(f"actor_rollout_ref.rollout.custom must be a mapping or null, got {custom!r}")
+    custom = dict(custom or {})
+    custom["mgrpo_agent"] = spec.name
+    OmegaConf.update(full, "actor_rollout_ref.rollout.custom", custom, merge=False)
+    return full
+
+
+def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
+    """Parse ``config.multi_agent`` and validate it together with the rest of the config.
+
+    Raises ``ValueError`` naming the offending key path and value (see the module docstring for
+    the rules). Callers check :func:`multi_agent_enabled` first: a disabled or absent section is an
+    error here.
+    """
+    config = _as_dictconfig(config)
+    if not multi_agent_enabled(config):
+        raise ValueError(
+            "multi_agent.enable is false (or the multi_agent section is absent): there is no multi-agent "
+            "config to parse; check multi_agent_enabled(config) first"
+        )
+    section = OmegaConf.select(config, "multi_agent")
+    _check_keys(section, ("enable", "main", "algorithm", "mgrpo", "d_max", "delegation", "agents"), "multi_agent")
+
+    def get(key: str, default: Any, resolve: bool = True) -> Any:
+        if key not in section:
+            return default
+        value = _child(section, key, f"multi_agent.{key}", resolve=resolve)
+        return default if value is None else value
+
+    _check_trainer(config)
+
+    # agents
+    main = get("main", "main")
+    if not isinstance(main, str) or not main:
+        raise ValueError(f"multi_agent.main must be a non-empty agent name, got {main!r}")
+    agents_node = section["agents"] if "agents" in section else None
+    if agents_node is None or (OmegaConf.is_config(agents_node) and len(agents_node) == 0):
+        raise ValueError(f"multi_agent.agents is empty: at least the main agent {main!r} must be listed")
+    if not isinstance(agents_node, DictConfig):
+        raise ValueError(f"multi_agent.agents must be a mapping of agent name to settings, got {agents_node!r}")
+    names = list(agents_node.keys())
+    for name in names:
+        if not isinstance(name, str) or not AGENT_NAME_RE.fullmatch(name):
+            raise ValueError(
+                f"multi_agent.agents: agent name {name!r} is invalid; names must be non-empty strings matching "
+                f"[A-Za-z0-9_-]+ (they become metric prefixes and folder names)"
+            )
+    if main not in names:
+        raise ValueError(f"multi_agent.main: the main agent {main!r} is not among multi_agent.agents {names}")
+
+    raw = {name: _read_agent(agents_node, name) for name in names}
+    specs = _build_specs(raw, main, names)
+    ordered = (specs[main],) + tuple(specs[n] for n in names if n != main)
+    owners = [s for s in ordered if s.owns_model]
+
+    total = OmegaConf.select(config, "trainer.n_gpus_per_node", default=None, throw_on_missing=False)
+    used = sum(s.n_gpus_per_node for s in owners)
+    if used > total:
+        shares = ", ".join(f"{s.name}={s.n_gpus_per_node}" for s in owners)
+        raise ValueError(
+            f"multi_agent.agents.*.n_gpus_per_node: the agents with their own model need {used} GPUs in all "
+            f"({shares}) but trainer.n_gpus_per_node is {total}"
+        )
+    if not any(s.trainable for s in owners):
+        raise ValueError(
+            "multi_agent.agents.*.trainable: no agent with its own model is trainable, so nothing would be "
+            "trained; set trainable: true on at least one"
+        )
+
+    # algorithm, estimator, d_max
+    algorithm = get("algorithm", "mgrpo")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"multi_agent.algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}")
+    try:
+        mgrpo = MGRPOConfig.from_any(get("mgrpo", None))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"multi_agent.mgrpo: {err}") from None
+    d_max = get("d_max", "auto")
+    if isinstance(d_max, str):
+        if d_max != "auto":
+            raise ValueError(f"multi_agent.d_max must be a positive int or 'auto', got {d_max!r}")
+    elif not _is_int(d_max) or d_max < 1:
+        raise ValueError(f"multi_agent.d_max must be a positive int (>= 1) or 'auto', got {d_max!r}")
+
+    delegation = _parse_delegation(get("delegation", {}), main, [s.name for s in ordered])
+
+    _check_unsupported(config)
+    _check_agent_overrides(config, owners)
+
+    return MultiAgentConfig(
+        main=main,
+        algorithm=algorithm,
+        mgrpo=mgrpo,
+        d_max=d_max,
+        delegation=delegation,
+        agents=ordered,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# parts of parse_multi_agent
+
+
+def _check_trainer(config: DictConfig) -> None:
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=None, throw_on_missing=False)
+    if mode != TRAINER_MODE:
+        raise ValueError(
+            f"trainer.v1.trainer_mode must be {TRAINER_MODE!r} when multi_agent.enable is true "
+            f"(our per-agent trainer), got {mode!r}"
+        )
+    nnodes = OmegaConf.select(config, "trainer.nnodes", default=1, throw_on_missing=False)
+    if nnodes != 1:
+        raise ValueError(
+            f"trainer.nnodes must be 1 in multi-agent mode, got {nnodes!r}: placing the agents' workers "
+            f"over several nodes is not supported yet"
+        )
+    total = OmegaConf.select(config, "trainer.n_gpus_per_node", default=None, throw_on_missing=False)
+    if not _is_int(total) or total < 1:
+        raise ValueError(f"trainer.n_gpus_per_node must be a positive int, got {total!r}")
+
+
+def _read_agent(agents_node: DictConfig, name: str) -> dict:
+    path = f"multi_agent.agents.{name}"
+    node = agents_node[name]
+    if node is None:
+        return {}
+    if not isinstance(node, DictConfig):
+        raise ValueError(f"{path}: expected a mapping of agent settings, got {node!r}")
+    _check_keys(node, AGENT_KEYS, path)
+    # overrides stay unresolved: their interpolations resolve in the agent's own config
+    return {k: _child(node, k, f"{path}.{k}", resolve=(k != "actor_rollout_ref")) for k in node.keys()}
+
+
+def _build_specs(raw: dict[str, dict], main: str, names: list[str]) -> dict[str, AgentSpec]:
+    # first pass: ownership (share_model_with must name an owner)
+    share: dict[str, Optional[str]] = {}
+    for name in names:
+        target = raw[name].get("share_model_with")
+        path = f"multi_agent.agents.{name}.share_model_with"
+        if target is None:
+            share[name] = None
+            continue
+        if not isinstance(target, str) or target not in names:
+            raise ValueError(f"{path}: {target!r} is not an agent; agents are {names}")
+        if target == name:
+            raise ValueError(f"{path}: an agent cannot share a model with itself ({target!r}); use null")
+        if name == main:
+            raise ValueError(
+                f"{path}: the main agent {main!r} must own its model and cannot share one (got {target!r}); "
+                f"let the other agents share the main agent's model instead"
+            )
+        if raw[target].get("share_model_with") is not None:
+            raise ValueError(
+                f"{path}: {target!r} itself shares the model of {raw[target]['share_model_with']!r}; "
+                f"name the agent that owns the model (no chains)"
+            )
+        share[name] = target
+
+    # trainable of every agent, then resources and overrides
+    trainable: dict[str, bool] = {}
+    for name in names:
+        value = raw[name].get("trainable")
+        value = True if value is None else value
+        if not isinstance(value, bool):
+            raise ValueError(f"multi_agent.agents.{name}.trainable must be true or false, got {value!r}")
+        trainable[name] = value
+
+    specs: dict[str, AgentSpec] = {}
+    for name in names:
+        path = f"multi_agent.agents.{name}"
+        overrides = raw[name].get("actor_rollout_ref")
+        overrides = {} if overrides is None else overrides
+        if not isinstance(overrides, Mapping):
+            raise ValueError(f"{path}.actor_rollout_ref must be a mapping of overrides, got {overrides!r}")
+        owner = share[name]
+        if owner is not None:
+            if overrides:
+                raise ValueError(
+                    f"{path}.actor_rollout_ref must be empty for an agent that shares the model of {owner!r} "
+                    f"(got {overrides!r}): the model's settings are its owner's"
+                )
+            if trainable[name] != trainable[owner]:
+                raise ValueError(
+                    f"{path}.trainable is {trainable[name]!r} but the agent owning its model, {owner!r}, has "
+                    f"trainable {trainable[owner]!r}: both play the same weights, which cannot be frozen and "
+                    f"trained at once; make them equal"
+                )
+            gpus = 0  # no workers of its own: the value, if any, is ignored (documented)
+        else:
+            gpus = raw[name].get("n_gpus_per_node")
+            gpus = 1 if gpus is None else gpus
+            if not _is_int(gpus) or gpus < 1:
+                raise ValueError(f"{path}.n_gpus_per_node must be a positive int for an agent with its own model, got {gpus!r}")
+        specs[name] = AgentSpec(
+            name=name,
+            trainable=trainable[name],
+            n_gpus_per_node=gpus,
+            share_model_with=owner,
+            actor_rollout_ref=dict(overrides),
+        )
+    return specs
+
+
+def _parse_delegation(raw: Any, main: str, agent_names: list[str]) -> DelegationConfig:
+    path = "multi_agent.delegation"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: expected a mapping, got {raw!r}")
+    _check_keys(raw, DELEGATION_KEYS, path)
+    defaults = DelegationConfig()
+    values = {k: (getattr(defaults, k) if raw.get(k) is None else raw[k]) for k in DELEGATION_KEYS}
+
+    if not _is_int(values["min_calls"]) or values["min_calls"] < 0:
+        raise ValueError(f"{path}.min_calls must be an int >= 0, got {values['min_calls']!r}")
+    if not _is_int(values["max_calls"]) or values["max_calls"] < 1:
+        raise ValueError(f"{path}.max_calls must be an int >= 1, got {values['max_calls']!r}")
+    if values["min_calls"] > values["max_calls"]:
+        raise ValueError(
+            f"{path}.min_calls ({values['min_calls']!r}) must be <= {path}.max_calls ({values['max_calls']!r})"
+        )
+    for key in ("plan_tokens", "answer_tokens", "sub_response_tokens"):
+        if not _is_int(values[key]) or values[key] < 1:
+            raise ValueError(f"{path}.{key} must be an int >= 1, got {values[key]!r}")
+    timeout = values["timeout_s"]
+    if not _positive(timeout) or not math.isfinite(timeout):
+        raise ValueError(f"{path}.timeout_s must be a finite number > 0, got {timeout!r}")
+
+    others = [n for n in agent_names if n != main]
+    sub_agent = raw.get("sub_agent")
+    if sub_agent is None:
+        if not others:
+            raise ValueError(
+                f"{path}.sub_agent is null and there is no agent besides the main agent {main!r} to delegate to; "
+                f"add one to multi_agent.agents"
+            )
+        sub_agent = others[0]
+    elif sub_agent == main or sub_agent not in others:
+        raise ValueError(f"{path}.sub_agent must name an agent other than the main agent {main!r}; got {sub_agent!r}, "
+                         f"sub-agents are {others}")
+    values["sub_agent"] = sub_agent
+    values["timeout_s"] = float(timeout)
+    return DelegationConfig(**values)
+
+
+def _rollout_correction_active(value: Any) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, Mapping):
+        return True
+    return (
+        value.get("rollout_is") is not None
+        or value.get("rollout_rs") is not None
+        or bool(value.get("bypass_mode", False))
+    )
+
+
+def _lora_path(config: DictConfig) -> Optional[tuple[str, Any]]:
+    """The LoRA key of ``config.actor_rollout_ref.model`` that enables LoRA, if any, and its value."""
+    for key in ("lora_rank", "lora.rank"):
+        value = OmegaConf.select(config, f"actor_rollout_ref.model.{key}", default=None, throw_on_missing=False)
+        if _positive(value):
+            return f"actor_rollout_ref.model.{key}", value
+    return None
+
+
+def _check_unsupported(config: DictConfig) -> None:
+    critic = _select(config, "critic.enable")
+    if critic is True:
+        raise ValueError("critic.enable is true: multi-agent mode has no critic; set critic.enable: null or false")
+    estimator = _select(config, "algorithm.adv_estimator")
+    if estimator is not None and estimator not in SUPPORTED_ADV_ESTIMATORS:
+        raise ValueError(
+            f"algorithm.adv_estimator must be one of {list(SUPPORTED_ADV_ESTIMATORS)} in multi-agent mode, got "
+            f"{estimator!r}: our trainer computes advantages itself (multi_agent.algorithm), but verl would "
+            f"start a critic for gae, which multi-agent mode does not support"
+        )
+    if _select(config, "algorithm.use_kl_in_reward") is True:
+        raise ValueError(
+            "algorithm.use_kl_in_reward is true: a KL penalty in the reward is not supported in multi-agent mode; "
+            "use actor_rollout_ref.actor.use_kl_loss instead"
+        )
+    correction = _select(config, "algorithm.rollout_correction")
+    if _rollout_correction_active(correction):
+        raise ValueError(
+            f"algorithm.rollout_correction is set ({correction!r}): rollout correction (importance sampling, "
+            f"rejection sampling, bypass mode) is not supported in multi-agent mode; set it to null or leave "
+            f"rollout_is, rollout_rs null and bypass_mode false"
+        )
+    for key in ("reward.reward_model.enable", "reward_model.enable"):
+        if _select(config, key) is True:
+            raise ValueError(
+                f"{key} is true: a reward model is not supported in multi-agent mode; use a reward function"
+            )
+    lora = _lora_path(config)
+    if lora is not None:
+        raise ValueError(f"{lora[0]} is {lora[1]!r}: LoRA is not supported in multi-agent mode; set it to 0")
+    if _select(config, "distillation.enabled") is True:
+        raise ValueError("distillation.enabled is true: distillation is not supported in multi-agent mode")
+
+
+def _check_agent_overrides(config: DictConfig, owners: list[AgentSpec]) -> None:
+    top_n = _select(config, "actor_rollout_ref.rollout.n")
+    for spec in owners:
+        if not spec.actor_rollout_ref:
+            continue
+        path = f"multi_agent.agents.{spec.name}.actor_rollout_ref"
+        full = agent_full_config(config, spec)
+        lora = _lora_path(full)
+        if lora is not None:
+            raise ValueError(
+                f"{path}.{lora[0].removeprefix('actor_rollout_ref.')} makes {lora[0]} {lora[1]!r} for agent "
+                f"{spec.name!r}: LoRA is not supported in multi-agent mode"
+            )
+        n = _select(full, "actor_rollout_ref.rollout.n")
+        if n != top_n:
+            raise ValueError(
+                f"{path}.rollout.n makes actor_rollout_ref.rollout.n {n!r} for agent {spec.name!r} but the top-level "
+                f"one is {top_n!r}: every agent must use the same n, because sub-agent rows are grouped with their "
+                f"parents' rollouts"
+            )

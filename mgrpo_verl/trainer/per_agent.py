@@ -1,0 +1,363 @@
+"""``trainer.v1.trainer_mode=mgrpo``: verl's v1 trainer with one model per agent (M-GRPO).
+
+What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing else:
+
+- **setup**: one resource pool, hybrid actor/ref/rollout worker group, set of rollout servers and
+  checkpoint engine per model-owning agent (``agents.py``), and an LLM client that routes each agent's
+  generations to its own servers (``MultiAgentLLMClient``);
+- **step** (:meth:`MultiAgentTrainer._step_once`, below): rows of every agent → M-GRPO advantages on the
+  real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
+  reference / actor-update methods on that model's rows only → weight sync per model;
+- **checkpoints**: ``global_step_N/agents/<name>/actor`` per trainable model, plus verl's ``data.pt``;
+- **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``.
+
+The step calls verl's methods (``_balance_batch``, ``_compute_old_log_prob``, ``_compute_ref_log_prob``,
+``_update_actor``) unchanged, once per model, inside :meth:`MultiAgentTrainer._as_agent`, which points
+the attributes those methods read (worker group, config, tokenizer, reference flag) at that model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import ray
+import torch
+from omegaconf import open_dict
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+
+from verl import DataProto
+from verl.checkpoint_engine import CheckpointEngineManager
+from verl.experimental.reward_loop import RewardLoopManager
+from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+from verl.single_controller.ray.base import ResourcePoolManager, create_colocated_worker_cls
+from verl.trainer.ppo.utils import Role, need_reference_policy
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.debug import marked_timer
+from verl.workers.config import HFModelConfig
+
+from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_batch_alignment
+from mgrpo_verl.rollout.multi_client import MultiAgentLLMClient
+from mgrpo_verl.trainer.agents import (
+    REPLICA_OFFSET_KEY,
+    AgentActorRolloutRefWorker,
+    AgentLLMServerManager,
+    AgentRuntime,
+)
+from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
+from mgrpo_verl.trainer.rows import (
+    RowTable,
+    copy_keys,
+    plan_update_sets,
+    read_row_table,
+    scalar_advantages,
+    write_copies,
+    write_row_values,
+)
+
+logger = logging.getLogger(__name__)
+
+TRAINER_NAME = "mgrpo"
+
+
+@register_trainer(TRAINER_NAME)
+class MultiAgentTrainer(PPOTrainer):
+    """verl's synchronous PPO trainer, one model per agent (see the module docstring)."""
+
+    # The base class switches to asynchronous behaviour (async replay buffer, persistent TransferQueue,
+    # in-flight re-issue) whenever trainer_mode != "sync"; this trainer is synchronous under its own name.
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:  # the base __init__ assigns the configured name
+        pass
+
+    def __init__(self, config):
+        self.multi_agent = parse_multi_agent(config)
+        super().__init__(config)
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    def _setup(self):
+        self._init_tokenizer()
+        self._init_dataloader()  # writes the optimiser horizon into the config: agent configs come after
+        self._init_dump_executor()
+        self.agents = self._agent_runtimes()
+        self._init_resource_pool_mgr()
+        self.resource_pool_manager.create_resource_pool()
+        self.ref_in_actor = False
+        for rt in self.agents.values():
+            self._spawn_workers(rt)
+        self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
+        self.teacher_model_manager, self.distillation_config = None, None
+        for rt in self.agents.values():
+            pool = self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt)))
+            offset = rt.config.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY]
+            rt.llm = AgentLLMServerManager.create(
+                config=rt.config, worker_group=rt.worker_group, rollout_resource_pool=pool, start_rank=offset
+            )
+            ce_config = omega_conf_to_dataclass(rt.config.actor_rollout_ref.rollout.checkpoint_engine)
+            ce_config.backend = "naive"  # colocated hybrid workers, as verl's own trainer
+            rt.checkpoint = CheckpointEngineManager(
+                config=ce_config, actor_wg=rt.worker_group, replicas=rt.llm.get_replicas()
+            )
+        main = self.agents[self.multi_agent.owner_of(self.multi_agent.main)]
+        # verl's untouched paths (validation with a colocated reward model, profiling) see the main model
+        self.actor_rollout_wg = self.ref_policy_wg = main.worker_group
+        self.llm_server_manager, self.checkpoint_manager = main.llm, main.checkpoint
+        for rt in self._trainable():
+            rt.checkpoint.sleep_replicas()
+        self._load_checkpoint()
+
+    def _agent_runtimes(self) -> dict[str, AgentRuntime]:
+        ma = self.multi_agent
+        runtimes, offset = {}, 0
+        for spec in ma.model_owners:
+            cfg = agent_full_config(self.config, spec)
+            rollout = cfg.actor_rollout_ref.rollout
+            world = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+            with open_dict(cfg):
+                rollout.custom[REPLICA_OFFSET_KEY] = offset
+            offset += spec.n_gpus_per_node // world
+            plays = tuple(a.name for a in ma.agents if ma.owner_of(a.name) == spec.name)
+            runtimes[spec.name] = AgentRuntime(
+                name=spec.name,
+                trainable=spec.trainable,
+                config=cfg,
+                plays=plays,
+                tokenizer=omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig).tokenizer,
+                use_reference_policy=spec.trainable and need_reference_policy(cfg),
+            )
+        return runtimes
+
+    @staticmethod
+    def _role(rt: AgentRuntime) -> Role:
+        return Role.ActorRolloutRef if rt.use_reference_policy else Role.ActorRollout
+
+    def _init_resource_pool_mgr(self):
+        self.role_worker_mapping, self.mapping, spec = {}, {}, {}
+        for rt in self.agents.values():
+            key = (rt.name, self._role(rt))
+            self.role_worker_mapping[key] = ray.remote(AgentActorRolloutRefWorker)
+            self.mapping[key] = f"agent_{rt.name}"
+            spec[f"agent_{rt.name}"] = [rt.config.trainer.n_gpus_per_node]
+        self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping)
+
+    def _spawn_workers(self, rt: AgentRuntime) -> None:
+        role = self._role(rt)
+        cls = RayClassWithInitArgs(
+            cls=self.role_worker_mapping[(rt.name, role)],
+            config=rt.config.actor_rollout_ref,
+            distillation_config=None,
+            role=str(role),
+        )
+        group = RayWorkerGroup(
+            resource_pool=self.resource_pool_manager.get_resource_pool((rt.name, role)),
+            ray_cls_with_init=create_colocated_worker_cls(class_dict={str(role): cls}),
+            device_name=self.config.trainer.device,
+        )
+        rt.worker_group = group.spawn(prefix_set={str(role)})[str(role)]
+        rt.worker_group.init_model()
+
+    def _trainable(self) -> list[AgentRuntime]:
+        return [rt for rt in self.agents.values() if rt.trainable]
+
+    def get_llm_client(self) -> MultiAgentLLMClient:
+        ma = self.multi_agent
+        clients = {a.name: self.agents[ma.owner_of(a.name)].llm.get_client() for a in ma.agents}
+        return MultiAgentLLMClient(clients, main=ma.main)
+
+    # ------------------------------------------------------------------------------------ weight sync
+
+    def on_init_end(self):
+        for rt in self.agents.values():  # frozen models too: their servers start from the model path
+            rt.checkpoint.update_weights(self.global_steps)
+
+    def on_sample_end(self):
+        for rt in self._trainable():
+            rt.checkpoint.sleep_replicas()
+
+    def on_step_end(self):
+        for rt in self._trainable():
+            with marked_timer(f"agent/{rt.name}/update_weights", self.timing_raw):
+                rt.checkpoint.update_weights(self.global_steps)
+
+    # ------------------------------------------------------------------------------------------- step
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
+        ma = self.multi_agent
+        with marked_timer("gen", timing_raw, color="red"):
+            self.on_sample_begin()
+            batch, off_policy = self.replay_buffer.sample(
+                global_steps=self.global_steps, partition_id="train", batch_size=sample_batch_size
+            )
+            metrics.update(off_policy)
+            self.on_sample_end()
+
+        with marked_timer("adv", timing_raw, color="brown"):
+            table = read_row_table(batch)
+            advantage = scalar_advantages(table, ma.algorithm, ma.mgrpo)
+            write_row_values(list(batch.keys), batch.partition_id, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
+            alignment = None
+            if (~table.is_main).any():
+                alignment = plan_batch_alignment(_hierarchy(table), ma.d_max, seed=self.global_steps)
+            owner_of = {a.name: ma.owner_of(a.name) for a in ma.agents}
+            updates = plan_update_sets(table, alignment, advantage, owner_of)
+        metrics.update(_row_metrics(table, advantage, batch, alignment))
+
+        keys, tags = list(batch.keys), list(batch.tags)
+        taken = set(keys)
+        for rt in self._trainable():
+            update = updates.get(rt.name)
+            if update is None or not len(update):
+                metrics[f"agent/{rt.name}/skipped"] = 1.0
+                continue
+            with marked_timer(f"agent/{rt.name}/align", timing_raw):
+                new_keys = copy_keys(table, update, taken)
+                new_tags = write_copies(batch, table, update, new_keys)
+            real = iter(new_keys)
+            rows_keys = [next(real) if c else table.keys[s] for s, c in zip(update.source, update.copy)]
+            tag_of = {**dict(zip(keys, tags)), **dict(zip(new_keys, new_tags))}
+            rows = KVBatchMeta(
+                partition_id=batch.partition_id,
+                keys=rows_keys,
+                tags=[tag_of[k] for k in rows_keys],
+                extra_info={"temperature": rt.config.actor_rollout_ref.rollout.temperature},
+            )
+            keys.extend(new_keys)
+            tags.extend(new_tags)
+            agent_metrics: dict = {}
+            with self._as_agent(rt):
+                rows = self._balance_batch(rows, metrics=agent_metrics)
+                pads = [k for k in rows.keys if k not in tag_of]
+                # verl's padding rows copy a real row's fields: give them advantages of their own length
+                write_row_values(pads, rows.partition_id, {"advantages": np.zeros(len(pads)), "returns": np.zeros(len(pads))})
+                keys.extend(pads)
+                tags.extend(t for k, t in zip(rows.keys, rows.tags) if k in set(pads))
+                with marked_timer(f"agent/{rt.name}/old_log_prob", timing_raw):
+                    rows = self._compute_old_log_prob(rows, metrics=agent_metrics)
+                if rt.use_reference_policy:
+                    with marked_timer(f"agent/{rt.name}/ref", timing_raw):
+                        rows = self._compute_ref_log_prob(rows, metrics=agent_metrics)
+                with marked_timer(f"agent/{rt.name}/update_actor", timing_raw):
+                    self._update_actor(rows, metrics=agent_metrics)
+            metrics.update({f"agent/{rt.name}/{k}": v for k, v in agent_metrics.items()})
+            metrics[f"agent/{rt.name}/update_rows"] = float(len(update))
+        return KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=tags)
+
+    @contextmanager
+    def _as_agent(self, rt: AgentRuntime) -> Iterator[None]:
+        """Point the attributes verl's step methods read at one model, and restore them afterwards."""
+        names = ("config", "actor_rollout_wg", "ref_policy_wg", "tokenizer", "use_reference_policy")
+        saved = {name: getattr(self, name) for name in names}
+        self.config, self.tokenizer = rt.config, rt.tokenizer
+        self.actor_rollout_wg = self.ref_policy_wg = rt.worker_group
+        self.use_reference_policy = rt.use_reference_policy
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self):
+        from verl.utils.fs import local_mkdir_safe
+
+        trainer = self.config.trainer
+        step_dir = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        keep = trainer.get("max_actor_ckpt_to_keep", None)
+        for rt in self._trainable():
+            sub = os.path.join("agents", rt.name, "actor")
+            remote = None if trainer.default_hdfs_dir is None else os.path.join(trainer.default_hdfs_dir, f"global_step_{self.global_steps}", sub)
+            rt.worker_group.save_checkpoint(os.path.join(step_dir, sub), remote, self.global_steps, max_ckpt_to_keep=keep)
+        local_mkdir_safe(step_dir)
+        torch.save(self.train_dataloader.state_dict(), os.path.join(step_dir, "data.pt"))
+        manifest = {
+            rt.name: {"model": rt.config.actor_rollout_ref.model.path, "trainable": rt.trainable, "plays": list(rt.plays)}
+            for rt in self.agents.values()
+        }
+        with open(os.path.join(step_dir, "agents.json"), "w") as f:
+            json.dump(manifest, f, indent=2)
+        # last, so that a crash while saving never leaves it pointing at a partial step
+        with open(os.path.join(trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(self.global_steps))
+        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=step_dir, async_save=False)
+
+    def _resume_folder(self) -> str | None:
+        trainer = self.config.trainer
+        if trainer.resume_mode == "disable":
+            return None
+        if trainer.resume_mode == "resume_path":
+            if not isinstance(trainer.resume_from_path, str) or "global_step_" not in trainer.resume_from_path:
+                raise ValueError(f"trainer.resume_from_path must name a global_step_N folder, got {trainer.resume_from_path!r}")
+            return os.path.abspath(trainer.resume_from_path)
+        if trainer.resume_mode != "auto":
+            raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {trainer.resume_mode!r}")
+        return find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+
+    def _load_checkpoint(self):
+        self.global_steps = 0
+        folder = self._resume_folder()
+        if folder is None:
+            logger.info("Training from scratch")
+            return
+        self.global_steps = int(folder.split("global_step_")[-1])
+        for rt in self._trainable():
+            path = os.path.join(folder, "agents", rt.name, "actor")
+            if not os.path.isdir(path):
+                logger.warning("no checkpoint of agent %r in %s: it starts from %s", rt.name, folder, rt.config.actor_rollout_ref.model.path)
+                continue
+            rt.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
+        state = os.path.join(folder, "data.pt")
+        if os.path.exists(state):
+            self.train_dataloader.load_state_dict(torch.load(state, weights_only=False))
+        logger.info("Resumed from %s at global step %d", folder, self.global_steps)
+
+
+def _hierarchy(table: RowTable) -> DataProto:
+    """The fields ``plan_batch_alignment`` reads, as a ``DataProto``."""
+    non_tensor = {name: getattr(table, name) for name in ("agent", "uid", "traj_id", "parent_traj_id")}
+    batch = TensorDict({"response_mask": torch.ones(len(table), 1)}, batch_size=len(table))
+    return DataProto(batch=batch, non_tensor_batch=non_tensor)
+
+
+def _row_metrics(table: RowTable, advantage: np.ndarray, batch: KVBatchMeta, alignment) -> dict[str, float]:
+    """Per-agent statistics of the real rows, and the alignment counts per sub-agent."""
+    response_len = np.array([tag.get("response_len", 0) for tag in batch.tags], dtype=np.float64)
+    out: dict[str, float] = {}
+    main = np.flatnonzero(table.is_main)
+    for name in np.unique(table.agent):
+        rows = np.flatnonzero(table.agent == name)
+        p = f"agent/{name}/"
+        out[p + "rows"] = float(len(rows))
+        for label, values in (("score", table.score[rows]), ("advantages", advantage[rows]), ("response_length", response_len[rows])):
+            out[p + f"{label}/mean"] = float(values.mean())
+            out[p + f"{label}/max"] = float(values.max())
+            out[p + f"{label}/min"] = float(values.min())
+        out[p + "advantages/std"] = float(advantage[rows].std())
+        if not table.is_main[rows].any():
+            calls = np.bincount(table.parent_row[rows], minlength=len(table))[main]
+            out[p + "calls_per_rollout/mean"] = float(calls.mean())
+            out[p + "calls_per_rollout/max"] = float(calls.max())
+            out[p + "calls_per_rollout/zero_frac"] = float((calls == 0).mean())
+    if alignment is not None:
+        plan = alignment.plan
+        for a, name in enumerate(alignment.agent_names):
+            kind, calls = plan.kind[:, a, :], plan.calls[:, a]
+            p = f"mgrpo/align/{name}/"
+            out[p + "d_max"] = float(plan.d_max)
+            out[p + "dropped"] = float(np.maximum(calls - plan.d_max, 0).sum())
+            out[p + "duplicated"] = float((kind == DUPLICATE).sum())
+            out[p + "borrowed"] = float((kind == BORROWED).sum())
+            out[p + "padding"] = float((kind == PADDING).sum())
+    return out

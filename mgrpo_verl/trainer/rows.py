@@ -1,0 +1,302 @@
+"""The rows of one multi-agent training step: who produced them, their advantages, and which rows each
+model trains on after trajectory alignment.
+
+verl's v1 trainer keeps a step's rows in TransferQueue under keys ``{uid}_{session}_{index}``; the
+trainer only holds keys and tags. The pure part of this module works on a :class:`RowTable` (numpy
+arrays read once from TransferQueue) and is tested without Ray; the functions at the end are the thin
+TransferQueue reads and writes.
+
+Row metadata comes from the agent loop (``mgrpo_verl/rollout/delegation.py``):
+``extra_fields["mgrpo"] = {"agent", "traj_id", "parent_traj_id", "score", ...}``. The row's own score is
+taken from there, not from ``rm_scores``: verl's TransferQueue agent loop copies the final output's
+reward onto every earlier output of the same call (``agent_loop_tq.py``), so ``rm_scores`` of a sub row
+holds its parent's score until :func:`write_row_values` rewrites it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from mgrpo_verl.algorithms.alignment import ORIGINAL, PADDING, BatchAlignment
+from mgrpo_verl.algorithms.config import MGRPOConfig
+from mgrpo_verl.algorithms.grouping import factorize, group_mean_std
+from mgrpo_verl.algorithms.hierarchy import resolve_parents
+from mgrpo_verl.algorithms.mgrpo import mgrpo_scalar_advantage
+
+#: Key of our metadata in a row's ``extra_fields``.
+ROW_META = "mgrpo"
+
+#: Index of the first aligned copy in a key ``{uid}_{session}_{index}``; agent-loop outputs use 0.. so
+#: copies never collide with real rows, and verl's ``rsplit("_", 2)`` + ``int`` parsing still works.
+COPY_INDEX_BASE = 100_000
+
+
+@dataclass(frozen=True)
+class RowTable:
+    """The real rows of a step, one entry per TransferQueue key.
+
+    Attributes (all (N,)):
+        keys, agent, uid, traj_id, parent_traj_id: str arrays (object dtype).
+        score: float64, each row's own score.
+        parent_row: int64 index of the parent main row, ``-1`` for main rows.
+    """
+
+    keys: np.ndarray
+    agent: np.ndarray
+    uid: np.ndarray
+    traj_id: np.ndarray
+    parent_traj_id: np.ndarray
+    score: np.ndarray
+    parent_row: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def is_main(self) -> np.ndarray:
+        return self.parent_row < 0
+
+
+def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -> RowTable:
+    """Validate the rows' metadata and resolve the hierarchy.
+
+    Raises:
+        ValueError: a row without ``extra_fields["mgrpo"]`` (its agent loop is not a multi-agent loop),
+            a missing key in it, a non-finite score, or a broken hierarchy (``resolve_parents``).
+    """
+    if not (len(keys) == len(uids) == len(extra_fields)):
+        raise ValueError(f"row table: {len(keys)} keys, {len(uids)} uids, {len(extra_fields)} extra_fields")
+    metas = []
+    for key, extra in zip(keys, extra_fields):
+        meta = extra.get(ROW_META) if isinstance(extra, dict) else None
+        if not isinstance(meta, dict):
+            raise ValueError(
+                f"row {key!r} has no extra_fields[{ROW_META!r}]: it was not produced by a multi-agent loop "
+                "(set actor_rollout_ref.rollout.agent.default_agent_loop or the dataset's agent_name to one, "
+                "e.g. mgrpo_relay)"
+            )
+        missing = [k for k in ("agent", "traj_id", "parent_traj_id", "score") if k not in meta]
+        if missing:
+            raise ValueError(f"row {key!r}: extra_fields[{ROW_META!r}] lacks {missing}")
+        metas.append(meta)
+    score = np.array([float(m["score"]) for m in metas], dtype=np.float64)
+    bad = ~np.isfinite(score)
+    if bad.any():
+        raise ValueError(f"row table: non-finite score in rows {[keys[i] for i in np.flatnonzero(bad)[:5]]}")
+    table = dict(
+        keys=np.array(keys, dtype=object),
+        agent=np.array([str(m["agent"]) for m in metas], dtype=object),
+        uid=np.array([str(u) for u in uids], dtype=object),
+        traj_id=np.array([str(m["traj_id"]) for m in metas], dtype=object),
+        parent_traj_id=np.array([str(m["parent_traj_id"]) for m in metas], dtype=object),
+    )
+    parent_row = resolve_parents(table["traj_id"], table["parent_traj_id"], table["uid"], "multi-agent step")
+    return RowTable(**table, score=score, parent_row=parent_row)
+
+
+def scalar_advantages(table: RowTable, algorithm: str, config: MGRPOConfig) -> np.ndarray:
+    """(N,) float64 advantage of every row.
+
+    - ``mgrpo``: M-GRPO (``mgrpo_scalar_advantage``): main rows grouped by ``uid``, sub rows by
+      (agent, ``uid``) with the hierarchical score ``w_local·own + w_main·parent``.
+    - ``grpo`` (single-agent baseline): verl's GRPO over the main rows' scores grouped by ``uid``; every
+      sub row takes its parent's advantage, i.e. the whole rollout is one episode with one outcome.
+    """
+    if algorithm == "mgrpo":
+        adv, _ = mgrpo_scalar_advantage(torch.from_numpy(table.score), table.agent, table.uid, table.parent_row, config)
+        return adv.numpy()
+    if algorithm != "grpo":
+        raise ValueError(f"multi_agent.algorithm must be 'mgrpo' or 'grpo', got {algorithm!r}")
+    main = np.flatnonzero(table.is_main)
+    group, uids = factorize(table.uid[main])
+    s = torch.from_numpy(table.score[main])
+    g = torch.from_numpy(group)
+    mean, std, _ = group_mean_std(s, g, len(uids))
+    centred = s - mean[g]
+    main_adv = (centred / (std[g] + config.epsilon) if config.norm_adv_by_std else centred).numpy()
+    adv = np.empty(len(table), dtype=np.float64)
+    adv[main] = main_adv
+    sub = np.flatnonzero(~table.is_main)
+    adv[sub] = adv[table.parent_row[sub]]
+    return adv
+
+
+@dataclass(frozen=True)
+class UpdateSet:
+    """The rows one model trains on in this step, in order.
+
+    Attributes (all (R,)):
+        source: int64 row of the :class:`RowTable` whose data the entry carries.
+        copy: bool, the entry is a new row (a duplicate, a borrowed row or a zero-mask row) that must be
+            written to TransferQueue under a new key; ``False``: the real row itself.
+        zero: bool, a zero-mask row (no call of that sub-agent anywhere for the query): it adds nothing to
+            any loss.
+        parent: int64 row of the main row whose slot the entry fills (itself for main rows).
+        advantage: float64, the entry's advantage (its source's; 0 for zero-mask rows).
+    """
+
+    source: np.ndarray
+    copy: np.ndarray
+    zero: np.ndarray
+    parent: np.ndarray
+    advantage: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def plan_update_sets(
+    table: RowTable, alignment: BatchAlignment | None, advantage: np.ndarray, owner_of: dict[str, str]
+) -> dict[str, UpdateSet]:
+    """Which rows every model trains on: the main rows, then the aligned sub rows (``D_max`` per main
+    row and sub-agent, main row by main row), split by the model that plays each agent.
+
+    Args:
+        table: the step's real rows.
+        alignment: ``plan_batch_alignment`` of the same rows in the same order (``None``: no sub rows).
+        advantage: (N,) per-row advantages (:func:`scalar_advantages`).
+        owner_of: agent name -> name of the model that plays it.
+
+    Rows dropped by the alignment (more than ``D_max`` calls) are in no set.
+    """
+    parts: dict[str, list[tuple[np.ndarray, ...]]] = defaultdict(list)
+    main = np.flatnonzero(table.is_main)
+    for name in np.unique(table.agent[main]):
+        rows = main[table.agent[main] == name]
+        parts[_owner(owner_of, name)].append((rows, np.zeros(len(rows), bool), np.zeros(len(rows), bool), rows))
+    if alignment is not None and len(alignment.sub_rows):
+        plan = alignment.plan
+        n_main, n_agents, d = plan.source.shape
+        slot_main = np.repeat(alignment.main_rows, d)
+        for a, name in enumerate(alignment.agent_names):
+            src, kind = plan.source[:, a, :].reshape(-1), plan.kind[:, a, :].reshape(-1)
+            zero = kind == PADDING
+            first = alignment.sub_rows[np.flatnonzero(alignment.sub_agent == a)[0]]
+            rows = np.where(zero, first, alignment.sub_rows[np.where(zero, 0, src)])
+            parts[_owner(owner_of, str(name))].append((rows, kind != ORIGINAL, zero, slot_main))
+    out = {}
+    for owner, chunks in parts.items():
+        source, copy, zero, parent = (np.concatenate(c) for c in zip(*chunks))
+        out[owner] = UpdateSet(source, copy, zero, parent, np.where(zero, 0.0, advantage[source]))
+    return out
+
+
+def _owner(owner_of: dict[str, str], agent: str) -> str:
+    if agent not in owner_of:
+        raise ValueError(f"rows of agent {agent!r}, which is not in multi_agent.agents ({sorted(owner_of)})")
+    return owner_of[agent]
+
+
+def copy_keys(table: RowTable, update: UpdateSet, taken: set[str]) -> list[str]:
+    """New keys for the copies of ``update``: ``{uid}_{session}_{index}`` of the parent main row's
+    ``uid`` and session, with indices from :data:`COPY_INDEX_BASE` not yet in ``taken`` (updated)."""
+    keys = []
+    counters: dict[str, int] = defaultdict(int)
+    for parent in update.parent[update.copy]:
+        prefix = table.keys[parent].rsplit("_", 1)[0]
+        while True:
+            key = f"{prefix}_{COPY_INDEX_BASE + counters[prefix]}"
+            counters[prefix] += 1
+            if key not in taken:
+                break
+        taken.add(key)
+        keys.append(key)
+    return keys
+
+
+# ----------------------------------------------------------------------------------- TransferQueue I/O
+
+
+def read_row_table(batch) -> RowTable:
+    """:class:`RowTable` of a sampled ``KVBatchMeta`` (one TransferQueue read)."""
+    import transfer_queue as tq
+
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
+    return build_row_table(list(batch.keys), _as_list(data["uid"]), _as_list(data["extra_fields"]))
+
+
+def _as_list(values) -> list:
+    """A non-tensor TransferQueue field as a list (a ``NonTensorStack``, or a plain list subclass when the
+    selection holds no tensor)."""
+    values = values.tolist() if hasattr(values, "tolist") else list(values)
+    return [getattr(v, "data", v) for v in values]
+
+
+def _per_token(mask: torch.Tensor, value: float, last_only: bool) -> torch.Tensor:
+    if last_only:
+        out = torch.zeros(mask.shape[0], dtype=torch.float32)
+        if len(out):
+            out[-1] = value
+        return out
+    return mask.to(torch.float32) * value
+
+
+def write_row_values(keys: list[str], partition_id: str, values: dict[str, np.ndarray]) -> None:
+    """Write per-token fields built from per-row scalars: ``rm_scores`` (the scalar on the last response
+    token, verl's convention) and any other name (the scalar times the row's ``response_mask``, verl's
+    convention for ``advantages`` / ``returns``)."""
+    import transfer_queue as tq
+    from tensordict import TensorDict
+
+    if not keys:
+        return
+    mask = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["response_mask"])["response_mask"]
+    rows = list(mask.unbind(0))
+    fields = {
+        name: torch.nested.as_nested_tensor(
+            [_per_token(m, float(v), name == "rm_scores") for m, v in zip(rows, per_row)], layout=torch.jagged
+        )
+        for name, per_row in values.items()
+    }
+    tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(keys)))
+
+
+#: Per-response tensors a zero-mask row must not contribute through.
+_ZEROED = ("response_mask", "loss_mask", "rm_scores", "advantages", "returns")
+
+
+def write_copies(batch, table: RowTable, update: UpdateSet, new_keys: list[str]) -> list[dict]:
+    """Write the copies of ``update`` to TransferQueue under ``new_keys``; returns their tags.
+
+    A copy carries every field of its source, its ``extra_fields["mgrpo"]`` re-parented to the main row
+    whose slot it fills with ``aligned_from`` naming the source, and the tag ``is_padding`` so that
+    verl's metrics and sample counts skip it. Zero-mask copies have every per-response loss input
+    zeroed.
+    """
+    import copy as copy_module
+
+    import transfer_queue as tq
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    idx = np.flatnonzero(update.copy)
+    if not len(idx):
+        return []
+    sources = update.source[idx]
+    unique_src, inverse = np.unique(sources, return_inverse=True)
+    src_keys = [table.keys[s] for s in unique_src]
+    data = tq.kv_batch_get(keys=src_keys, partition_id=batch.partition_id)
+    tag_of = dict(zip(batch.keys, batch.tags))
+    fields, tags = [], []
+    for j, i in enumerate(idx):
+        row = data[int(inverse[j])]
+        field = {}
+        for name in row.keys():  # verl's padding helper reads a row the same way
+            value = row[name]
+            field[name] = value.clone() if isinstance(value, torch.Tensor) else copy_module.deepcopy(value)
+        meta = dict(field["extra_fields"][ROW_META])
+        meta["parent_traj_id"] = str(table.traj_id[update.parent[i]])
+        meta["aligned_from"] = str(table.traj_id[update.source[i]])
+        field["extra_fields"] = {**field["extra_fields"], ROW_META: meta}
+        if update.zero[i]:
+            for name in _ZEROED:
+                if name in field and isinstance(field[name], torch.Tensor):
+                    field[name] = torch.zeros_like(field[name])
+        fields.append(field)
+        tags.append({**tag_of[table.keys[update.source[i]]], "is_padding": True})
+    tq.kv_batch_put(keys=new_keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields), tags=tags)
+    return tags

@@ -1,0 +1,465 @@
+"""Parsing and validation of the ``multi_agent:`` config section, and the per-agent full configs."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ReadonlyConfigError
+
+from mgrpo_verl.algorithms.config import MGRPOConfig
+from mgrpo_verl.trainer.multi_agent_config import (
+    AgentSpec,
+    DelegationConfig,
+    MultiAgentConfig,
+    agent_full_config,
+    multi_agent_enabled,
+    parse_multi_agent,
+)
+
+_DELETE = object()
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def base_config(**overrides) -> DictConfig:
+    """A small config with only the keys multi-agent parsing reads; ``overrides`` are top-level
+    sections deep-merged onto it (a dict value merges, anything else replaces)."""
+    config = {
+        "actor_rollout_ref": {
+            "model": {"path": "models/base", "tokenizer_path": "${actor_rollout_ref.model.path}", "lora_rank": 0},
+            "actor": {"optim": {"lr": 1e-6}},
+            "rollout": {
+                "n": 4,
+                "response_length": 32,
+                "n_gpus_per_node": "${oc.select:trainer.n_gpus_per_node,8}",
+            },
+        },
+        "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False, "rollout_correction": None},
+        "reward": {"reward_model": {"enable": False}},
+        "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "v1": {"trainer_mode": "mgrpo"}},
+        "multi_agent": {
+            "enable": True,
+            "main": "main",
+            "agents": {"main": {"n_gpus_per_node": 1}, "sub": {"n_gpus_per_node": 1}},
+        },
+    }
+    return OmegaConf.create(_merge(config, overrides))
+
+
+def with_updates(config: DictConfig, updates: dict) -> DictConfig:
+    """A copy of ``config`` with dotted ``key: value`` updates (``_DELETE`` removes the key)."""
+    config = copy.deepcopy(config)
+    for key, value in updates.items():
+        if value is _DELETE:
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(config, parent) if parent else config
+            del node[leaf]
+        else:
+            OmegaConf.update(config, key, value, merge=False)
+    return config
+
+
+# ----------------------------------------------------------------------------------------------------
+# parsing
+
+
+def test_defaults():
+    parsed = parse_multi_agent(base_config())
+    assert isinstance(parsed, MultiAgentConfig)
+    assert parsed.main == "main"
+    assert parsed.algorithm == "mgrpo"
+    assert parsed.mgrpo == MGRPOConfig()
+    assert parsed.d_max == "auto"
+    assert parsed.delegation == DelegationConfig(
+        sub_agent="sub", min_calls=0, max_calls=3, plan_tokens=8, answer_tokens=8, sub_response_tokens=16, timeout_s=120.0
+    )
+    assert isinstance(parsed.delegation.timeout_s, float)
+    assert parsed.agents == (
+        AgentSpec("main", True, 1, None, {}),
+        AgentSpec("sub", True, 1, None, {}),
+    )
+    assert parsed.sub_agents == ("sub",)
+    assert [a.name for a in parsed.model_owners] == ["main", "sub"]
+    assert [a.name for a in parsed.trainable_owners] == ["main", "sub"]
+    assert parsed.owner_of("sub") == "sub"
+
+
+def test_main_first_even_when_listed_later_and_sub_agent_is_first_non_main():
+    config = base_config(multi_agent={"main": "planner"}, trainer={"n_gpus_per_node": 3})
+    config.multi_agent.agents = {  # replaces base_config's agents
+        "coder": {"n_gpus_per_node": 1},
+        "planner": {"n_gpus_per_node": 1},
+        "searcher": {"n_gpus_per_node": 1},
+    }
+    parsed = parse_multi_agent(config)
+    assert [a.name for a in parsed.agents] == ["planner", "coder", "searcher"]
+    assert parsed.sub_agents == ("coder", "searcher")
+    assert parsed.delegation.sub_agent == "coder"
+
+
+def test_explicit_settings():
+    config = base_config(
+        multi_agent={
+            "algorithm": "grpo",
+            "d_max": 3,
+            "mgrpo": {"sub_reward_local_weight": 0.25, "norm_scope": "agent"},
+            "delegation": {"sub_agent": "sub", "min_calls": 1, "max_calls": 1, "timeout_s": 5},
+            "agents": {"sub": {"trainable": False, "actor_rollout_ref": {"model": {"path": "models/sub"}}}},
+        }
+    )
+    parsed = parse_multi_agent(config)
+    assert parsed.algorithm == "grpo"
+    assert parsed.d_max == 3
+    assert parsed.mgrpo == MGRPOConfig(sub_reward_local_weight=0.25, norm_scope="agent")
+    assert (parsed.delegation.min_calls, parsed.delegation.max_calls, parsed.delegation.timeout_s) == (1, 1, 5.0)
+    sub = parsed.agent("sub")
+    assert sub.trainable is False and sub.actor_rollout_ref == {"model": {"path": "models/sub"}}
+    assert [a.name for a in parsed.trainable_owners] == ["main"]
+
+
+def test_agent_lookup_error_names_known_agents():
+    parsed = parse_multi_agent(base_config())
+    with pytest.raises(ValueError, match=r"unknown agent 'nope'.*\['main', 'sub'\]"):
+        parsed.agent("nope")
+    with pytest.raises(ValueError, match="nope"):
+        parsed.owner_of("nope")
+
+
+def test_replica_offsets():
+    parsed = parse_multi_agent(base_config())
+    assert parsed.replica_offsets({"main": 1, "sub": 2}) == {"main": 0, "sub": 1}
+    assert parsed.replica_offsets({"sub": 2, "main": 3}) == {"main": 0, "sub": 3}
+
+    three = parse_multi_agent(
+        base_config(
+            trainer={"n_gpus_per_node": 4},
+            multi_agent={"agents": {"a": {"n_gpus_per_node": 2}, "b": {"share_model_with": "main"}}},
+        )
+    )
+    # owners: main, sub, a (b shares main's model)
+    assert three.replica_offsets({"main": 2, "sub": 1, "a": 4}) == {"main": 0, "sub": 2, "a": 3}
+    with pytest.raises(ValueError, match="'a'"):
+        three.replica_offsets({"main": 2, "sub": 1})
+    with pytest.raises(ValueError, match="not model owners"):
+        three.replica_offsets({"main": 2, "sub": 1, "a": 1, "b": 1})
+    with pytest.raises(ValueError, match="int >= 0"):
+        three.replica_offsets({"main": 2, "sub": -1, "a": 1})
+
+
+def test_shared_model():
+    config = base_config(
+        multi_agent={"agents": {"sub": {"share_model_with": "main", "n_gpus_per_node": 5}}},
+        trainer={"n_gpus_per_node": 1},
+    )
+    parsed = parse_multi_agent(config)
+    sub = parsed.agent("sub")
+    assert sub.share_model_with == "main" and not sub.owns_model
+    assert sub.n_gpus_per_node == 0  # ignored: no workers of its own
+    assert parsed.owner_of("sub") == "main"
+    assert parsed.owner_of("main") == "main"
+    assert [a.name for a in parsed.model_owners] == ["main"]
+    assert parsed.sub_agents == ("sub",)
+    assert parsed.delegation.sub_agent == "sub"
+    assert parsed.replica_offsets({"main": 1}) == {"main": 0}
+    with pytest.raises(ValueError, match="shares the model of 'main'"):
+        agent_full_config(config, sub)
+
+
+def test_multi_agent_enabled():
+    assert multi_agent_enabled(base_config()) is True
+    assert multi_agent_enabled(base_config(multi_agent={"enable": False})) is False
+    assert multi_agent_enabled(OmegaConf.create({"trainer": {}})) is False
+    assert multi_agent_enabled(OmegaConf.create({"multi_agent": None})) is False
+    assert multi_agent_enabled(OmegaConf.create({"multi_agent": {"agents": {}}})) is False
+    with pytest.raises(ValueError, match="multi_agent.enable"):
+        multi_agent_enabled(OmegaConf.create({"multi_agent": {"enable": "yes"}}))
+
+
+def test_section_values_may_be_interpolations():
+    config = base_config(
+        my={"d": 2, "gpus": 1},
+        multi_agent={"d_max": "${my.d}", "agents": {"sub": {"n_gpus_per_node": "${my.gpus}"}}},
+    )
+    parsed = parse_multi_agent(config)
+    assert parsed.d_max == 2
+    assert parsed.agent("sub").n_gpus_per_node == 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# agent_full_config
+
+
+def _override_config() -> DictConfig:
+    return base_config(
+        multi_agent={
+            "agents": {
+                "sub": {
+                    "actor_rollout_ref": {
+                        "model": {"path": "models/sub"},
+                        "rollout": {"response_length": 7},
+                        "actor": {"optim": {"lr": 3e-5}},
+                    }
+                }
+            }
+        },
+        trainer={"n_gpus_per_node": 3},
+    )
+
+
+def test_agent_full_config_merges_overrides():
+    config = _override_config()
+    config.multi_agent.agents.sub.n_gpus_per_node = 2
+    config.actor_rollout_ref.rollout.custom = {"other": 1}
+    before = OmegaConf.to_container(config)
+    parsed = parse_multi_agent(config)
+
+    sub = agent_full_config(config, parsed.agent("sub"))
+    assert sub.actor_rollout_ref.model.path == "models/sub"
+    assert sub.actor_rollout_ref.model.tokenizer_path == "models/sub"  # interpolation resolved in the agent's config
+    assert sub.actor_rollout_ref.rollout.response_length == 7
+    assert sub.actor_rollout_ref.actor.optim.lr == 3e-5
+    assert sub.actor_rollout_ref.rollout.n == 4
+    assert sub.trainer.n_gpus_per_node == 2
+    assert sub.actor_rollout_ref.rollout.n_gpus_per_node == 2
+    assert sub.trainer.nnodes == 1
+    assert OmegaConf.to_container(sub.actor_rollout_ref.rollout.custom) == {"other": 1, "mgrpo_agent": "sub"}
+    assert sub.multi_agent.enable is True  # everything else is kept
+
+    main = agent_full_config(config, parsed.agent("main"))
+    assert main.actor_rollout_ref.model.path == "models/base"
+    assert main.actor_rollout_ref.model.tokenizer_path == "models/base"
+    assert main.actor_rollout_ref.rollout.response_length == 32
+    assert main.trainer.n_gpus_per_node == 1
+    assert main.actor_rollout_ref.rollout.n_gpus_per_node == 1
+    assert main.actor_rollout_ref.rollout.custom == {"other": 1, "mgrpo_agent": "main"}
+
+    # the input is unchanged, and the results do not share nodes with it or with each other
+    assert OmegaConf.to_container(config) == before
+    sub.actor_rollout_ref.model.path = "changed"
+    assert config.actor_rollout_ref.model.path == "models/base"
+    assert main.actor_rollout_ref.model.path == "models/base"
+
+
+def test_agent_full_config_creates_custom_when_absent():
+    config = base_config()
+    full = agent_full_config(config, parse_multi_agent(config).agent("main"))
+    assert full.actor_rollout_ref.rollout.custom == {"mgrpo_agent": "main"}
+    assert "custom" not in config.actor_rollout_ref.rollout
+
+
+def test_agent_full_config_on_struct_readonly_input():
+    config = _override_config()
+    before = OmegaConf.to_container(config)
+    OmegaConf.set_struct(config, True)
+    OmegaConf.set_readonly(config, True)
+    parsed = parse_multi_agent(config)
+    sub = agent_full_config(config, parsed.agent("sub"))
+    assert sub.actor_rollout_ref.model.path == "models/sub"
+    assert sub.actor_rollout_ref.rollout.custom == {"mgrpo_agent": "sub"}
+    assert sub.trainer.n_gpus_per_node == 1
+    sub.trainer.new_key = 1  # the result is an ordinary, writable config
+    with pytest.raises(ReadonlyConfigError):
+        config.trainer.n_gpus_per_node = 5
+    assert OmegaConf.to_container(config) == before
+    assert OmegaConf.is_readonly(config) and OmegaConf.is_struct(config)
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation errors: each case is (dotted updates on base_config(), text the message must contain)
+
+_A = "multi_agent.agents"
+_D = "multi_agent.delegation"
+
+INVALID = {
+    "disabled": ({"multi_agent.enable": False}, "multi_agent.enable is false"),
+    "section_missing": ({"multi_agent": _DELETE}, "multi_agent.enable is false"),
+    "unknown_key": ({"multi_agent.agnets": {}}, "multi_agent.agnets"),
+    "unknown_delegation_key": ({f"{_D}.max_call": 2}, f"{_D}.max_call"),
+    "unknown_agent_key": ({f"{_A}.sub.gpus": 1}, f"{_A}.sub.gpus"),
+    "agents_empty": ({"multi_agent.agents": {}}, "multi_agent.agents is empty"),
+    "agents_missing": ({"multi_agent.agents": _DELETE}, "multi_agent.agents is empty"),
+    "main_not_agent": ({"multi_agent.main": "boss"}, "multi_agent.main"),
+    "main_not_string": ({"multi_agent.main": 3}, "multi_agent.main"),
+    "bad_agent_name": ({f"{_A}.bad name": {"n_gpus_per_node": 0}}, "'bad name'"),
+    "agent_entry_not_mapping": ({f"{_A}.sub": 3}, f"{_A}.sub"),
+    "algorithm": ({"multi_agent.algorithm": "ppo"}, "multi_agent.algorithm"),
+    "d_max_zero": ({"multi_agent.d_max": 0}, "multi_agent.d_max"),
+    "d_max_string": ({"multi_agent.d_max": "max"}, "multi_agent.d_max"),
+    "d_max_bool": ({"multi_agent.d_max": True}, "multi_agent.d_max"),
+    "d_max_float": ({"multi_agent.d_max": 2.5}, "multi_agent.d_max"),
+    "mgrpo_unknown": ({"multi_agent.mgrpo": {"weight": 1}}, "multi_agent.mgrpo"),
+    "mgrpo_invalid": ({"multi_agent.mgrpo": {"norm_scope": "batch"}}, "multi_agent.mgrpo"),
+    "min_calls_negative": ({f"{_D}.min_calls": -1}, f"{_D}.min_calls"),
+    "min_calls_float": ({f"{_D}.min_calls": 0.5}, f"{_D}.min_calls"),
+    "min_gt_max": ({f"{_D}.min_calls": 3, f"{_D}.max_calls": 2}, f"{_D}.min_calls"),
+    "max_calls_zero": ({f"{_D}.max_calls": 0}, f"{_D}.max_calls"),
+    "plan_tokens": ({f"{_D}.plan_tokens": 0}, f"{_D}.plan_tokens"),
+    "answer_tokens": ({f"{_D}.answer_tokens": 0}, f"{_D}.answer_tokens"),
+    "sub_response_tokens": ({f"{_D}.sub_response_tokens": -4}, f"{_D}.sub_response_tokens"),
+    "timeout_zero": ({f"{_D}.timeout_s": 0}, f"{_D}.timeout_s"),
+    "timeout_string": ({f"{_D}.timeout_s": "1m"}, f"{_D}.timeout_s"),
+    "sub_agent_is_main": ({f"{_D}.sub_agent": "main"}, f"{_D}.sub_agent"),
+    "sub_agent_unknown": ({f"{_D}.sub_agent": "helper"}, f"{_D}.sub_agent"),
+    "no_sub_agent": ({f"{_A}.sub": _DELETE}, f"{_D}.sub_agent"),
+    "share_unknown": ({f"{_A}.sub.share_model_with": "ghost"}, f"{_A}.sub.share_model_with"),
+    "share_self": ({f"{_A}.sub.share_model_with": "sub"}, f"{_A}.sub.share_model_with"),
+    "main_shares": ({f"{_A}.main.share_model_with": "sub"}, f"{_A}.main.share_model_with"),
+    "share_chain": (
+        {f"{_A}.sub.share_model_with": "main", f"{_A}.third": {"share_model_with": "sub"}},
+        f"{_A}.third.share_model_with",
+    ),
+    "share_with_overrides": (
+        {f"{_A}.sub.share_model_with": "main", f"{_A}.sub.actor_rollout_ref": {"model": {"path": "x"}}},
+        f"{_A}.sub.actor_rollout_ref",
+    ),
+    "share_trainable_differs": (
+        {f"{_A}.sub.share_model_with": "main", f"{_A}.sub.trainable": False},
+        f"{_A}.sub.trainable",
+    ),
+    "trainable_not_bool": ({f"{_A}.sub.trainable": "yes"}, f"{_A}.sub.trainable"),
+    "overrides_not_mapping": ({f"{_A}.sub.actor_rollout_ref": "models/sub"}, f"{_A}.sub.actor_rollout_ref"),
+    "gpus_zero": ({f"{_A}.sub.n_gpus_per_node": 0}, f"{_A}.sub.n_gpus_per_node"),
+    "gpus_float": ({f"{_A}.sub.n_gpus_per_node": 1.5}, f"{_A}.sub.n_gpus_per_node"),
+    "gpus_over_total": ({f"{_A}.sub.n_gpus_per_node": 2}, "need 3 GPUs in all (main=1, sub=2) but trainer.n_gpus_per_node is 2"),
+    "trainer_gpus_missing": ({"trainer.n_gpus_per_node": _DELETE}, "trainer.n_gpus_per_node"),
+    "nnodes": ({"trainer.nnodes": 2}, "trainer.nnodes"),
+    "nothing_trainable": (
+        {f"{_A}.main.trainable": False, f"{_A}.sub.trainable": False},
+        f"{_A}.*.trainable",
+    ),
+    "nothing_trainable_shared": (
+        {f"{_A}.main.trainable": False, f"{_A}.sub.trainable": False, f"{_A}.sub.share_model_with": "main"},
+        f"{_A}.*.trainable",
+    ),
+    "trainer_mode": ({"trainer.v1.trainer_mode": "sync"}, "trainer.v1.trainer_mode"),
+    "trainer_mode_missing": ({"trainer.v1": _DELETE}, "trainer.v1.trainer_mode"),
+    "critic": ({"critic": {"enable": True}}, "critic.enable"),
+    "gae": ({"algorithm.adv_estimator": "gae"}, "algorithm.adv_estimator"),
+    "kl_in_reward": ({"algorithm.use_kl_in_reward": True}, "algorithm.use_kl_in_reward"),
+    "rollout_correction_is": (
+        {"algorithm.rollout_correction": {"rollout_is": "token", "rollout_rs": None, "bypass_mode": False}},
+        "algorithm.rollout_correction",
+    ),
+    "rollout_correction_rs": ({"algorithm.rollout_correction": {"rollout_rs": "seq_mean_k1"}}, "algorithm.rollout_correction"),
+    "rollout_correction_bypass": ({"algorithm.rollout_correction": {"bypass_mode": True}}, "algorithm.rollout_correction"),
+    "reward_model": ({"reward.reward_model.enable": True}, "reward.reward_model.enable"),
+    "legacy_reward_model": ({"reward_model": {"enable": True}}, "reward_model.enable"),
+    "lora_rank": ({"actor_rollout_ref.model.lora_rank": 8}, "actor_rollout_ref.model.lora_rank"),
+    "lora_dict_rank": ({"actor_rollout_ref.model.lora": {"rank": 16}}, "actor_rollout_ref.model.lora.rank"),
+    "agent_lora_rank": (
+        {f"{_A}.sub.actor_rollout_ref": {"model": {"lora_rank": 4}}},
+        f"{_A}.sub.actor_rollout_ref.model.lora_rank",
+    ),
+    "agent_lora_dict_rank": (
+        {f"{_A}.sub.actor_rollout_ref": {"model": {"lora": {"rank": 4}}}},
+        f"{_A}.sub.actor_rollout_ref.model.lora.rank",
+    ),
+    "distillation": ({"distillation": {"enabled": True}}, "distillation.enabled"),
+    "agent_rollout_n": ({f"{_A}.sub.actor_rollout_ref": {"rollout": {"n": 8}}}, f"{_A}.sub.actor_rollout_ref.rollout.n"),
+}
+
+
+@pytest.mark.parametrize("updates,expected", list(INVALID.values()), ids=list(INVALID))
+def test_invalid_config(updates, expected):
+    config = with_updates(base_config(), updates)
+    with pytest.raises(ValueError) as info:
+        parse_multi_agent(config)
+    assert expected in str(info.value)
+
+
+def test_error_messages_show_the_value():
+    config = with_updates(base_config(), {f"{_A}.sub.n_gpus_per_node": -3})
+    with pytest.raises(ValueError, match=r"multi_agent\.agents\.sub\.n_gpus_per_node.*-3"):
+        parse_multi_agent(config)
+    config = with_updates(base_config(), {"multi_agent.foo": 1, "multi_agent.bar": 2})
+    with pytest.raises(ValueError, match=r"multi_agent\.foo, multi_agent\.bar.*'agents'"):
+        parse_multi_agent(config)
+
+
+def test_accepted_edge_cases():
+    # equal n in an override, lora_rank 0, inert rollout_correction, adv_estimator mgrpo, null entries
+    config = with_updates(
+        base_config(),
+        {
+            f"{_A}.sub.actor_rollout_ref": {"rollout": {"n": 4}, "model": {"lora_rank": 0}},
+            "algorithm.adv_estimator": "mgrpo",
+            "algorithm.rollout_correction": {"rollout_is": None, "rollout_rs": None, "bypass_mode": False},
+            "critic": {"enable": False},
+            "distillation": {"enabled": False},
+            f"{_A}.main": None,
+            "multi_agent.delegation": None,
+            "multi_agent.mgrpo": None,
+            "trainer.n_gpus_per_node": 5,
+        },
+    )
+    parsed = parse_multi_agent(config)
+    assert parsed.agent("main") == AgentSpec("main", True, 1, None, {})
+    assert parsed.delegation.sub_agent == "sub"
+
+
+# ----------------------------------------------------------------------------------------------------
+# verl's real config
+
+
+def _verl_config() -> DictConfig:
+    # located without importing verl (which would start loading Ray and friends)
+    verl_dir = Path(importlib.util.find_spec("verl").origin).parent
+    path = verl_dir / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+    config = OmegaConf.load(path)
+    config.algorithm.adv_estimator = "grpo"  # verl's default (gae) needs a critic
+    config.trainer.v1.trainer_mode = "mgrpo"
+    config.trainer.n_gpus_per_node = 2
+    config.multi_agent = {
+        "enable": True,
+        "main": "main",
+        "algorithm": "mgrpo",
+        "mgrpo": {"sub_reward_local_weight": 0.5, "sub_reward_main_weight": 0.5, "norm_adv_by_std": True,
+                  "epsilon": 1.0e-6, "norm_scope": "group"},
+        "d_max": "auto",
+        "delegation": {"sub_agent": None, "min_calls": 0, "max_calls": 3, "plan_tokens": 8, "answer_tokens": 8,
+                       "sub_response_tokens": 16, "timeout_s": 120},
+        "agents": {
+            "main": {"trainable": True, "n_gpus_per_node": 1, "share_model_with": None, "actor_rollout_ref": {}},
+            "sub": {"trainable": True, "n_gpus_per_node": 1, "share_model_with": None,
+                    "actor_rollout_ref": {"model": {"path": "models/sub"}, "rollout": {"response_length": 64}}},
+        },
+    }
+    return config
+
+
+def test_verl_generated_config():
+    config = _verl_config()
+    OmegaConf.set_struct(config, True)
+    OmegaConf.set_readonly(config, True)
+    parsed = parse_multi_agent(config)
+    assert [a.name for a in parsed.agents] == ["main", "sub"]
+    assert parsed.delegation.sub_agent == "sub"
+
+    sub = agent_full_config(config, parsed.agent("sub"))
+    assert sub.actor_rollout_ref.model.path == "models/sub"
+    assert sub.actor_rollout_ref.rollout.response_length == 64
+    assert sub.actor_rollout_ref.rollout.n_gpus_per_node == 1
+    assert sub.trainer.n_gpus_per_node == 1
+    assert sub.actor_rollout_ref.rollout.custom == {"mgrpo_agent": "sub"}
+    assert OmegaConf.is_missing(sub.actor_rollout_ref.rollout, "name")  # `???` stays mandatory
+    assert config.actor_rollout_ref.model.path == "~/models/deepseek-llm-7b-chat"
+    assert config.trainer.n_gpus_per_node == 2
+
+
+def test_verl_generated_config_default_is_rejected_for_gae():
+    config = _verl_config()
+    config.algorithm.adv_estimator = "gae"
+    with pytest.raises(ValueError, match="algorithm.adv_estimator"):
+        parse_multi_agent(config)
