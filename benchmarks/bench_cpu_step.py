@@ -1,6 +1,6 @@
 """Steady-state training-step time on CPU and its breakdown, for the embedded default.
 
-Runs ``python -m mgrpo_verl.main_ppo`` (the embedded default: tiny Qwen2, echo task, GRPO) for
+Runs ``python -m mgrpo_verl.main_ppo --config-name single_agent`` (tiny Qwen2, echo task, GRPO) for
 ``--steps`` steps, and, as the reference measured in the same run, stock ``python -m
 verl.trainer.main_ppo`` with the same settings (verl's own entry point and config; our plugin is what
 lets it run on CPU at all). Reports the median over the steps after ``--warmup`` of verl's timers:
@@ -33,7 +33,7 @@ def run(entry: list[str], overrides: list[str], workdir: Path) -> tuple[list[dic
     metrics = workdir / "metrics.jsonl"
     # verl's file logger writes to $VERL_FILE_LOGGER_PATH; our entry point sets it from mgrpo_verl.metrics_file
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics), "TOKENIZERS_PARALLELISM": "false"}
-    if entry == ["mgrpo_verl.main_ppo"]:
+    if entry[0] == "mgrpo_verl.main_ppo":
         overrides = [*overrides, f"mgrpo_verl.metrics_file={metrics}"]
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", *entry, *overrides], cwd=workdir, env=env,
@@ -93,12 +93,12 @@ def main() -> None:
     common = [f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
               "trainer.save_freq=-1", "trainer.logger=[console,file]"]
     with initialize_config_module("mgrpo_verl.config", version_base=None):
-        resolved = OmegaConf.to_container(compose("mgrpo_trainer", overrides=common), resolve=True)
+        resolved = OmegaConf.to_container(compose("single_agent", overrides=common), resolve=True)
 
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-cpu-step-") as tmp:
         for name, entry, overrides in (
-            ("mgrpo_verl.main_ppo", ["mgrpo_verl.main_ppo"], common),
+            ("mgrpo_verl.main_ppo", ["mgrpo_verl.main_ppo", "--config-name", "single_agent"], common),
             ("verl.trainer.main_ppo", ["verl.trainer.main_ppo"], common + stock_overrides(resolved)),
         ):
             workdir = Path(tmp) / name

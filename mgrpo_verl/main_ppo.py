@@ -2,7 +2,9 @@
 
 What differs from ``python -m verl.trainer.main_ppo``:
 
-1. the config is ``mgrpo_verl/config/mgrpo_trainer.yaml`` (verl's ``ppo_trainer`` + ``mgrpo_verl:``),
+1. the config is ``mgrpo_verl/config/mgrpo_trainer.yaml`` (verl's ``ppo_trainer`` + ``mgrpo_verl:`` +
+   ``multi_agent:``: M-GRPO with one model per agent, our ``mgrpo`` trainer; ``--config-name
+   single_agent`` is verl's own GRPO trainer with one model),
    resolved once here, which builds the built-in model and data on first use;
 2. on the CPU platform Ray runs in a private temporary directory with no auth token in the user's home,
    with enough logical CPUs, and every Ray worker selects the CPU platform;

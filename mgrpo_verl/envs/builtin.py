@@ -13,7 +13,7 @@ from mgrpo_verl.envs import echo, relay
 from mgrpo_verl.models.tiny import TinyModelPaths, build_tiny_model, cache_root
 
 #: task name -> writer(directory) -> (train path, val path)
-TASKS = {"echo": echo.write_dataset, "relay": relay.write_dataset}
+TASKS = {"echo": echo.write_dataset, "relay": relay.write_dataset, "relay_tools": relay.write_tool_dataset}
 
 MODELS = ("tiny", "tiny_sub", "smollm2")
 

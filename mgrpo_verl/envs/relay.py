@@ -21,12 +21,24 @@ any other digit, 0 otherwise, divided by the window size.
   ``mgrpo_verl.envs.rewards``).
 
 Dataset rows carry ``agent_name: "mgrpo_relay"`` so verl runs the relay loop for them.
+
+Variant "relay_tools" (:func:`write_tool_dataset`, agent loop ``mgrpo_delegate``,
+:class:`mgrpo_verl.rollout.tool_delegation.ToolDelegationLoop`): delegation by tool call. The main agent is
+told to call ``ask_<sub>`` (:func:`tool_main_messages`); nobody's prompt holds the digit. Only the
+sub-agent's own tool ``read_secret`` (:class:`mgrpo_verl.envs.relay_tools.ReadSecretTool`, configured by
+:data:`SUB_TOOL_CONFIG` as the sub-agent's ``multi_turn.tool_config_path``) can read it, from the
+per-sample ``tools_kwargs`` that verl passes to the loop (dataset column ``extra_info.tools_kwargs``,
+:func:`secret_tools_kwargs`). The sub-agent's prompt (:func:`tool_sub_messages`) is built from the main
+agent's ``task`` argument and tells it to call ``read_secret``. Same scores as the relay task.
 """
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+import importlib
+import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from mgrpo_verl.envs import echo
@@ -37,6 +49,15 @@ DATA_SOURCE = "mgrpo_verl/relay"
 AGENT_LOOP_NAME = "mgrpo_relay"
 
 MAIN_PROMPT = "Ask your helper for the secret digit, then write it."
+
+#: Agent loop of the "relay_tools" variant (``@register`` name of ``ToolDelegationLoop``).
+TOOLS_AGENT_LOOP_NAME = "mgrpo_delegate"
+
+#: The sub-agent's tool that reads the sample's secret digit.
+SECRET_TOOL = "read_secret"
+
+#: verl tool config (``multi_turn.tool_config_path``) giving the sub-agent :data:`SECRET_TOOL`.
+SUB_TOOL_CONFIG = str(Path(__file__).resolve().parents[1] / "config" / "tools" / "relay_sub_tools.yaml")
 
 
 def main_messages() -> list[dict[str, str]]:
@@ -66,6 +87,51 @@ def main_score(answer_text: str, digit: str) -> float:
 def sub_local_score(sub_answer_text: str, digit: str) -> float:
     """Local score of one sub-agent answer: how well it repeated the digit it was given."""
     return digit_score(sub_answer_text, digit)
+
+
+#: ``scorer(role, text, ground_truth) -> float`` with ``role`` "main" (a final answer) or "sub" (one
+#: sub-agent answer): how the relay loop scores its rows.
+Scorer = Callable[[str, str, str], float]
+
+
+def default_scorer(role: str, text: str, ground_truth: str) -> float:
+    """:func:`main_score` for the main agent's answer, :func:`sub_local_score` for a sub-agent's."""
+    return main_score(text, ground_truth) if role == "main" else sub_local_score(text, ground_truth)
+
+
+def load_scorer(spec: str | None) -> Scorer:
+    """The scorer named by ``multi_agent.delegation.scorer``: ``null`` for :func:`default_scorer`, or
+    ``"package.module:function"`` / ``"path/to/file.py:function"`` (e.g. a task of your own, or a dense
+    test reward).
+
+    Raises:
+        ValueError: a malformed spec, a module that cannot be imported, or a name that is not callable.
+    """
+    if not spec:
+        return default_scorer
+    return _load_function(spec, "scorer")
+
+
+def _load_function(spec: str, key: str) -> Callable[..., Any]:
+    """The function named by ``multi_agent.delegation.<key>``: ``"module:function"`` or ``"file.py:function"``."""
+    target, _, name = str(spec).rpartition(":")
+    if not target or not name:
+        raise ValueError(f"multi_agent.delegation.{key} must be 'module:function' or 'file.py:function', got {spec!r}")
+    try:
+        if target.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location(f"mgrpo_relay_{key}_{abs(hash(target))}", target)
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"cannot load {target}")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except (ImportError, OSError) as e:
+        raise ValueError(f"multi_agent.delegation.{key} {spec!r}: {e}") from e
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"multi_agent.delegation.{key} {spec!r}: {target} has no function {name!r}")
+    return fn
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> float:
@@ -108,5 +174,95 @@ def write_dataset(directory: str | Path, n_train: int = 256, n_val: int = 32, se
     for split, n in (("train", n_train), ("val", n_val)):
         path = out / f"{split}.parquet"
         pd.DataFrame(build_rows(n, seed, split)).to_parquet(path)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+# ----------------------------------------------------------------------------------------------------
+# variant "relay_tools": delegation by tool call, the digit behind the sub-agent's own tool
+
+
+def delegation_tool_name(agent: str) -> str:
+    """Name of the main agent's tool that delegates to ``agent``: ``ask_<agent>``."""
+    return f"ask_{agent}"
+
+
+def tool_main_prompt(sub: str = "sub") -> str:
+    """The main agent's prompt of the tool variant; it never contains the digit."""
+    return (
+        f"Call the tool {delegation_tool_name(sub)} to find the secret digit, then answer with the digit only."
+    )
+
+
+def tool_main_messages(sub: str = "sub") -> list[dict[str, str]]:
+    """Chat messages of the main agent in the tool variant."""
+    return [{"role": "user", "content": tool_main_prompt(sub)}]
+
+
+def tool_sub_messages(agent: str, task: str) -> list[dict[str, str]]:
+    """Chat messages of one sub-agent call in the tool variant, built from the main agent's ``task``
+    argument: call :data:`SECRET_TOOL`, then reply with the digit. The signature is the one of
+    ``multi_agent.delegation.sub_prompt`` (``agent`` is the sub-agent's name, unused here)."""
+    return [
+        {
+            "role": "user",
+            "content": f"Call the tool {SECRET_TOOL} to read the secret digit, then reply with the digit only.\n"
+            f"Task: {task}",
+        }
+    ]
+
+
+#: ``sub_prompt(agent, task) -> chat messages``: how the tool-delegation loop prompts a sub-agent call.
+SubPrompt = Callable[[str, str], list]
+
+
+def load_sub_prompt(spec: str | None) -> SubPrompt:
+    """The sub-agent prompt builder named by ``multi_agent.delegation.sub_prompt``: ``null`` for
+    :func:`tool_sub_messages`, or ``"package.module:function"`` / ``"path/to/file.py:function"``.
+
+    Raises:
+        ValueError: a malformed spec, a module that cannot be imported, or a name that is not callable.
+    """
+    if not spec:
+        return tool_sub_messages
+    return _load_function(spec, "sub_prompt")
+
+
+def secret_tools_kwargs(digit: str) -> dict[str, Any]:
+    """Per-sample ``tools_kwargs`` (verl's layout: tool name -> ``create_kwargs``) giving
+    :data:`SECRET_TOOL` the sample's digit."""
+    return {SECRET_TOOL: {"create_kwargs": {"secret": str(digit)}}}
+
+
+def build_tool_rows(n: int, seed: int, split: str, sub: str = "sub") -> list[dict[str, Any]]:
+    """``n`` rows of the tool variant: verl's RL layout, ``agent_name: mgrpo_delegate`` and the digit in
+    ``extra_info.tools_kwargs`` (where verl's ``RLHFDataset`` takes the ``tools_kwargs`` it passes to the
+    agent loop). Digits are drawn as in :func:`build_rows` (same seed and split, same digits)."""
+    rows = []
+    for row in build_rows(n, seed, split):
+        digit = row["reward_model"]["ground_truth"]
+        row.update(
+            prompt=tool_main_messages(sub),
+            ability="relay_tools",
+            agent_name=TOOLS_AGENT_LOOP_NAME,
+            extra_info={**row["extra_info"], "tools_kwargs": secret_tools_kwargs(digit)},
+        )
+        rows.append(row)
+    return rows
+
+
+def write_tool_dataset(
+    directory: str | Path, n_train: int = 256, n_val: int = 32, seed: int = 0, sub: str = "sub"
+) -> tuple[Path, Path]:
+    """Write the tool variant's ``train.parquet`` and ``val.parquet`` into ``directory`` (created); returns
+    their paths. ``sub`` is the sub-agent the main prompt names (``ask_<sub>``)."""
+    import pandas as pd
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, n in (("train", n_train), ("val", n_val)):
+        path = out / f"{split}.parquet"
+        pd.DataFrame(build_tool_rows(n, seed, split, sub)).to_parquet(path)
         paths.append(path)
     return paths[0], paths[1]

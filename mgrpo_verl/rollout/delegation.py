@@ -70,6 +70,7 @@ from mgrpo_verl.envs import relay
 
 logger = logging.getLogger(__name__)
 
+
 #: tokenizer path -> tokenizer, for sub-agents whose model differs from the main agent's (per process).
 _TOKENIZERS: dict[str, Any] = {}
 
@@ -100,7 +101,8 @@ class DelegationSettings:
       observation is shortened so that ``answer_tokens`` of room remain);
     * ``multi_agent.delegation.sub_response_tokens`` (16, >= 1): new-token cap of one sub-agent call, also
       capped by the sub-agent's rollout ``response_length``;
-    * ``multi_agent.delegation.timeout_s`` (120, > 0): seconds one sub-agent call may take.
+    * ``multi_agent.delegation.timeout_s`` (120, > 0): seconds one sub-agent call may take;
+    * ``multi_agent.delegation.scorer`` (null: the relay task's scorer): ``relay.load_scorer``.
 
     Other keys of ``multi_agent.delegation`` (e.g. ``mode``) are left to other readers.
     """
@@ -113,6 +115,7 @@ class DelegationSettings:
     answer_tokens: int = 8
     sub_response_tokens: int = 16
     timeout_s: float = 120.0
+    scorer: Any = relay.default_scorer
 
     @classmethod
     def from_config(cls, config: DictConfig) -> DelegationSettings:
@@ -148,6 +151,7 @@ class DelegationSettings:
             answer_tokens=_int_setting(delegation, "answer_tokens", cls.answer_tokens, 1),
             sub_response_tokens=_int_setting(delegation, "sub_response_tokens", cls.sub_response_tokens, 1),
             timeout_s=float(timeout_s),
+            scorer=relay.load_scorer(delegation.get("scorer")),
         )
 
     def num_calls(self, plan_ids: list[int]) -> int:
@@ -175,6 +179,17 @@ class _SubAgent:
     tokenizer: Any
     prompt_length: int
     response_tokens: int
+
+
+#: Per-process memo of what a loop object derives from its (immutable) inputs: verl builds one loop object
+#: per rollout from the same trainer config, server manager and tokenizer, and reading the settings and
+#: resolving the sub-agent from the OmegaConf configs each time cost about 0.2 ms of a rollout's ~3 ms of
+#: orchestration CPU time (``benchmarks/bench_orchestration.py``). The configs are not expected to change
+#: once loops run (a ``scorer`` is loaded once per config). Keys are object ids; each entry keeps its key
+#: objects alive (so an id is never reused while cached) and is checked by identity. Bounded: cleared when full.
+_SETTINGS: dict[int, tuple[Any, DelegationSettings]] = {}
+_SUB_AGENTS: dict[tuple[int, int, int], tuple[tuple[Any, Any, Any], _SubAgent]] = {}
+_MEMO_SIZE = 32
 
 
 @dataclass
@@ -229,6 +244,18 @@ def _tokenizer_path(agent_config: Any) -> str | None:
     return _agent_setting(agent_config, "actor_rollout_ref.model.tokenizer_path", None) or _agent_setting(
         agent_config, "actor_rollout_ref.model.path", None
     )
+
+
+def _settings_of(config: DictConfig) -> DelegationSettings:
+    """``DelegationSettings.from_config(config)``, memoised per config object (see :data:`_SETTINGS`)."""
+    hit = _SETTINGS.get(id(config))
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    settings = DelegationSettings.from_config(config)  # raises for a bad config: nothing is cached then
+    if len(_SETTINGS) >= _MEMO_SIZE:
+        _SETTINGS.clear()
+    _SETTINGS[id(config)] = (config, settings)
+    return settings
 
 
 def _merge_generation_fields(generations: list[_Generation]) -> dict[str, Any]:
@@ -311,7 +338,7 @@ class RelayDelegationLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.settings = DelegationSettings.from_config(self.config)
+        self.settings = _settings_of(self.config)
         #: main agent's response budget (``actor_rollout_ref.rollout.response_length``)
         self.response_length = int(self.rollout_config.response_length)
 
@@ -337,13 +364,13 @@ class RelayDelegationLoop(AgentLoopBase):
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
         answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
 
-        score = relay.main_score(answer_text, digit)
+        score = float(self.settings.scorer("main", answer_text, digit))
         reward_extra_info = {"acc": score, "calls": d}
         rows = [
             _sub_row(
                 sub_prompt,
                 call,
-                _mgrpo(sub.name, f"{prefix}/{sub.name}/{j}", f"{prefix}/main", relay.sub_local_score(text, digit), 1),
+                _mgrpo(sub.name, f"{prefix}/{sub.name}/{j}", f"{prefix}/main", float(self.settings.scorer("sub", text, digit)), 1),
                 reward_extra_info,
                 score,
             )
@@ -437,7 +464,20 @@ class RelayDelegationLoop(AgentLoopBase):
         config), when it has one: ``actor_rollout_ref.model.tokenizer_path`` (or ``.path``) picks the
         tokenizer (the main agent's when equal or absent), ``actor_rollout_ref.rollout.prompt_length`` /
         ``response_length`` cap the sub prompt and answer (default: the main agent's rollout config).
+        Memoised per (server manager, trainer config, tokenizer) objects, see :data:`_SUB_AGENTS`.
         """
+        key = (id(self.server_manager), id(self.config), id(self.tokenizer))
+        hit = _SUB_AGENTS.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], (self.server_manager, self.config, self.tokenizer))):
+            return hit[1]
+        sub = self._build_sub_agent()  # raises for an unknown sub-agent: nothing is cached then
+        if len(_SUB_AGENTS) >= _MEMO_SIZE:
+            _SUB_AGENTS.clear()
+        _SUB_AGENTS[key] = ((self.server_manager, self.config, self.tokenizer), sub)
+        return sub
+
+    def _build_sub_agent(self) -> _SubAgent:
+        """:meth:`_resolve_sub_agent` without the memo."""
         name = self.settings.sub_agent
         manager = self.server_manager
         client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager

@@ -11,7 +11,8 @@ sections reject unknown keys, so the multi-agent settings live in a section of t
               epsilon: 1.0e-6, norm_scope: group}
       d_max: auto
       delegation: {sub_agent: null, min_calls: 0, max_calls: 3, plan_tokens: 8, answer_tokens: 8,
-                   sub_response_tokens: 16, timeout_s: 120}
+                   sub_response_tokens: 16, timeout_s: 120, scorer: null, sub_max_turns: 2,
+                   sub_prompt: null}
       agents:
         main: {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
         sub:  {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
@@ -81,6 +82,7 @@ Everything here is pure: no Ray, no models; the input config is never modified.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -91,6 +93,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from mgrpo_verl.algorithms.config import MGRPOConfig
+
+logger = logging.getLogger(__name__)
 
 ALGORITHMS = ("mgrpo", "grpo")
 """Values of ``multi_agent.algorithm``."""
@@ -163,6 +167,23 @@ class DelegationConfig:
     timeout_s: float = 120.0
     """Seconds one sub-agent call may take before it counts as failed (> 0), so that a stuck
     replica cannot hang the whole rollout."""
+
+    scorer: Optional[str] = None
+    """How rows are scored: ``null`` for the task's own scorer, or ``"module:function"`` /
+    ``"file.py:function"`` called as ``f(role, text, ground_truth) -> float`` with role ``main`` or
+    ``sub`` (``mgrpo_verl.envs.relay.load_scorer``): a task variant without writing a new loop."""
+
+    sub_max_turns: int = 2
+    """Delegation by tool call (agent loop ``mgrpo_delegate``): assistant turns of one sub-agent call
+    (>= 1), i.e. its own multi-turn tool loop (``multi_turn.max_assistant_turns`` of the sub-agent);
+    its last turn's text is the report the main agent sees. The main agent's turn limits stay verl's
+    own ``actor_rollout_ref.rollout.multi_turn.max_assistant_turns`` / ``max_user_turns``."""
+
+    sub_prompt: Optional[str] = None
+    """Delegation by tool call: how a sub-agent call is prompted from the main agent's ``task``
+    argument: ``null`` for the relay_tools task's prompt, or ``"module:function"`` /
+    ``"file.py:function"`` called as ``f(agent, task) -> chat messages``
+    (``mgrpo_verl.envs.relay.load_sub_prompt``)."""
 
 
 DELEGATION_KEYS = tuple(f.name for f in dataclasses.fields(DelegationConfig))
@@ -516,10 +537,13 @@ def _build_specs(raw: dict[str, dict], main: str, names: list[str]) -> dict[str,
         owner = share[name]
         if owner is not None:
             if overrides:
-                raise ValueError(
-                    f"{path}.actor_rollout_ref must be empty for an agent that shares the model of {owner!r} "
-                    f"(got {overrides!r}): the model's settings are its owner's"
+                # one switch (share_model_with) turns a config into the single-agent baseline, whatever the
+                # agent's own model settings were; they cannot apply, so they are dropped, loudly
+                logger.warning(
+                    "%s.actor_rollout_ref is ignored: %r plays the model of %r, whose settings apply (%r)",
+                    path, name, owner, overrides,
                 )
+                overrides = {}
             if trainable[name] != trainable[owner]:
                 raise ValueError(
                     f"{path}.trainable is {trainable[name]!r} but the agent owning its model, {owner!r}, has "
@@ -558,7 +582,7 @@ def _parse_delegation(raw: Any, main: str, agent_names: list[str]) -> Delegation
         raise ValueError(
             f"{path}.min_calls ({values['min_calls']!r}) must be <= {path}.max_calls ({values['max_calls']!r})"
         )
-    for key in ("plan_tokens", "answer_tokens", "sub_response_tokens"):
+    for key in ("plan_tokens", "answer_tokens", "sub_response_tokens", "sub_max_turns"):
         if not _is_int(values[key]) or values[key] < 1:
             raise ValueError(f"{path}.{key} must be an int >= 1, got {values[key]!r}")
     timeout = values["timeout_s"]
@@ -577,6 +601,14 @@ def _parse_delegation(raw: Any, main: str, agent_names: list[str]) -> Delegation
     elif sub_agent == main or sub_agent not in others:
         raise ValueError(f"{path}.sub_agent must name an agent other than the main agent {main!r}; got {sub_agent!r}, "
                          f"sub-agents are {others}")
+    scorer = values["scorer"]
+    if scorer is not None and (not isinstance(scorer, str) or ":" not in scorer):
+        raise ValueError(f"{path}.scorer must be null or 'module:function' / 'file.py:function', got {scorer!r}")
+    sub_prompt = values["sub_prompt"]
+    if sub_prompt is not None and (not isinstance(sub_prompt, str) or ":" not in sub_prompt):
+        raise ValueError(
+            f"{path}.sub_prompt must be null or 'module:function' / 'file.py:function', got {sub_prompt!r}"
+        )
     values["sub_agent"] = sub_agent
     values["timeout_s"] = float(timeout)
     return DelegationConfig(**values)

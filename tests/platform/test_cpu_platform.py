@@ -18,7 +18,8 @@ import verl
 from verl.plugin.platform import PlatformRegistry, get_platform
 from verl.utils import device as d
 import mgrpo_verl.platform.verl_cpu_process_group as patch
-from mgrpo_verl.platform._import_hooks import _PostImportFinder
+from mgrpo_verl.platform import _import_hooks
+from mgrpo_verl.platform.engines import FSDP_ENGINE_MODULE
 platform = get_platform()
 print(json.dumps({
     "registered": list(PlatformRegistry.registered_names()),
@@ -29,7 +30,8 @@ print(json.dumps({
     "resource": d.get_resource_name(),
     "verl_platform_env": __import__("os").environ.get("VERL_PLATFORM"),
     "patch_applied": patch.is_applied(),
-    "engine_hook": any(isinstance(f, _PostImportFinder) for f in sys.meta_path),
+    # the CPU engines' post-import hook is pending (verl's FSDP engine module is not imported yet)
+    "engine_hook": FSDP_ENGINE_MODULE in _import_hooks._pending,
 }))
 """
 

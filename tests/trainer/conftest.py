@@ -34,12 +34,12 @@ class Run:
 
 @pytest.fixture
 def main_ppo(tmp_path):
-    """``run(name, *overrides, timeout=900)``: run the entry point in ``tmp_path/name`` with a private HOME,
+    """``run(name, *overrides, timeout=900, config=None)``: run the entry point in ``tmp_path/name`` with a private HOME,
     cache and Hugging Face home; checkpoints under ``tmp_path/ckpt`` (shared by runs, for resuming)."""
     home = tmp_path / "home"
     home.mkdir()
 
-    def run(name: str, *overrides: str, timeout: float = 900) -> Run:
+    def run(name: str, *overrides: str, timeout: float = 900, config: str | None = None) -> Run:
         workdir = tmp_path / name
         workdir.mkdir()
         metrics = workdir / "metrics.jsonl"
@@ -50,9 +50,13 @@ def main_ppo(tmp_path):
             HF_HOME=str(tmp_path / "hf"),
             TOKENIZERS_PARALLELISM="false",
             PYTHONUNBUFFERED="1",
+            # Ray folds similar log lines of different workers into one ("[repeated 3x across cluster]"),
+            # which would hide per-server lines the tests read
+            RAY_DEDUP_LOGS="0",
         )
         args = [
             sys.executable, "-m", "mgrpo_verl.main_ppo",
+            *(("--config-name", config) if config else ()),
             f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             f"mgrpo_verl.metrics_file={metrics}",
             *overrides,

@@ -1,4 +1,4 @@
-"""End to end on CPU: ``python -m mgrpo_verl.main_ppo`` (verl's v1 trainer, our platform and rollout).
+"""End to end on CPU: ``python -m mgrpo_verl.main_ppo --config-name single_agent`` (verl's v1 trainer, our platform and rollout).
 
 One test, two runs, because each run pays ~60 s of Ray / TransferQueue / worker start-up:
 
@@ -60,7 +60,7 @@ def test_train_validate_checkpoint_resume_on_cpu(main_ppo, monkeypatch, tmp_path
     reward = tmp_path / "dense_reward.py"
     reward.write_text(DENSE_REWARD)
     common = (*COMMON, f"reward.custom_reward_function.path={reward}")
-    first = main_ppo("first", "trainer.total_training_steps=2", *common)
+    first = main_ppo("first", "trainer.total_training_steps=2", *common, config="single_agent")
     assert first.returncode == 0, first.log[-6000:]
     assert first.steps() == [1, 2]
     summary = [line for line in first.log.splitlines() if line.startswith("mgrpo_verl: ")]
@@ -96,7 +96,7 @@ def test_train_validate_checkpoint_resume_on_cpu(main_ppo, monkeypatch, tmp_path
         assert _fingerprint(directory) in fingerprints, (step, synced)
     assert _fingerprint(initial_dir) in fingerprints  # the first sync pushes the initial weights
 
-    second = main_ppo("second", "trainer.total_training_steps=3", *common)
+    second = main_ppo("second", "trainer.total_training_steps=3", *common, config="single_agent")
     assert second.returncode == 0, second.log[-6000:]
     # a fresh start would have run steps 1, 2, 3: resuming from global_step_2 runs step 3 only
     assert second.steps() == [3], second.steps()

@@ -30,7 +30,7 @@ def _start(tmp_path: Path, temp_root: Path, *overrides: str) -> tuple[subprocess
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS")}
     env.update(TMPDIR=str(temp_root), HOME=str(tmp_path), MGRPO_VERL_CACHE=str(tmp_path / "cache"),
                HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
-    args = [sys.executable, "-m", "mgrpo_verl.main_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+    args = [sys.executable, "-m", "mgrpo_verl.main_ppo", "--config-name", "single_agent", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
             "trainer.val_before_train=false", *overrides]
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     return proc, log

@@ -320,10 +320,6 @@ INVALID = {
         {f"{_A}.sub.share_model_with": "main", f"{_A}.third": {"share_model_with": "sub"}},
         f"{_A}.third.share_model_with",
     ),
-    "share_with_overrides": (
-        {f"{_A}.sub.share_model_with": "main", f"{_A}.sub.actor_rollout_ref": {"model": {"path": "x"}}},
-        f"{_A}.sub.actor_rollout_ref",
-    ),
     "share_trainable_differs": (
         {f"{_A}.sub.share_model_with": "main", f"{_A}.sub.trainable": False},
         f"{_A}.sub.trainable",
@@ -463,3 +459,15 @@ def test_verl_generated_config_default_is_rejected_for_gae():
     config.algorithm.adv_estimator = "gae"
     with pytest.raises(ValueError, match="algorithm.adv_estimator"):
         parse_multi_agent(config)
+
+
+def test_sharing_agent_overrides_are_dropped_with_a_warning(caplog):
+    # the single-agent baseline is one switch: share_model_with=main on a config whose sub-agent had
+    # its own model settings; they cannot apply to main's model, so they are dropped and logged
+    config = with_updates(
+        base_config(), {f"{_A}.sub.share_model_with": "main", f"{_A}.sub.actor_rollout_ref": {"model": {"path": "x"}}}
+    )
+    with caplog.at_level("WARNING"):
+        parsed = parse_multi_agent(config)
+    assert parsed.agent("sub").actor_rollout_ref == {}
+    assert "multi_agent.agents.sub.actor_rollout_ref is ignored" in caplog.text

@@ -1,0 +1,1 @@
+"""Experiments the recipes run: comparisons of trainers and baselines, their tables and plots."""

@@ -1,0 +1,703 @@
+"""Delegation by tool call: agent loop ``mgrpo_delegate``.
+
+The main agent runs verl's multi-turn tool loop with one extra tool per sub-agent, ``ask_<sub>(task:
+str)``; each such call runs the sub-agent's own multi-turn tool loop, on the sub-agent's own model, with its
+own tokenizer and tools, and the sub-agent's final text (its "report") is the tool response the main agent
+sees. How many calls a rollout makes is up to the main model (at most ``multi_agent.delegation.max_calls``).
+
+Design: reuse verl's ``ToolAgentLoop``, by subclassing for the main agent and by composition for sub-agents.
+
+* :class:`ToolDelegationLoop` **subclasses** ``ToolAgentLoop``: verl's state machine, Continuous-Token
+  tokenization, turn limits (``multi_turn.max_assistant_turns`` / ``max_user_turns``: the main agent's
+  limits stay verl's own), tool-response truncation (``max_tool_response_length``), per-sample tool
+  selection and the concurrent execution of the calls of one turn (``asyncio.gather`` in
+  ``_handle_processing_tools_state``) are all verl's. It overrides small hooks only:
+
+  - ``__init__``: adds the delegation tools to the main agent's own tools (those verl loaded from its
+    ``multi_turn.tool_config_path`` / ``function_tool_path``); swaps the ``hermes`` parser for
+    :class:`StrictHermesToolParser`, which reports malformed calls instead of dropping them; lifts verl's
+    per-turn cap (``max_parallel_calls``) so that every call of a turn gets an answer, and answers calls
+    beyond the configured cap with an error instead (verl ignores them silently);
+  - ``_call_tool``: validates every call (malformed, unknown name, arguments not a JSON object), runs
+    delegation calls itself and hands the main agent's own tools to verl;
+  - ``ct_merge_context_msg``: tool responses that do not fit in the context (keeping ``answer_tokens`` of
+    room for the next main turn) are replaced by an error text, longest first;
+  - ``server_manager``: a thin route that records each main generation (for the row's staleness tags),
+    caps ``max_tokens`` at the room left in ``response_length`` and fills missing log-probs with zeros.
+
+* Each delegation call runs a plain verl ``ToolAgentLoop`` (**composition**), built once per rollout and
+  sub-agent (so configuration errors raise before anything is generated) with the sub-agent's client
+  (``server_manager.for_agent(sub)``; the server manager itself when it has no ``for_agent``, i.e. one
+  model plays every role), tokenizer (as :mod:`mgrpo_verl.rollout.delegation` resolves it from the client's
+  ``config``), tools (``actor_rollout_ref.rollout.multi_turn.tool_config_path`` / ``function_tool_path`` of
+  the client's ``config``; none without a ``config``), its ``prompt_length`` / ``response_length``, and
+  ``multi_turn.max_assistant_turns = multi_agent.delegation.sub_max_turns``. Its prompt is
+  ``multi_agent.delegation.sub_prompt(sub, task)`` (default: the relay_tools task's,
+  :func:`mgrpo_verl.envs.relay.tool_sub_messages`); the sample's ``tools_kwargs`` are passed on, so its tools
+  see per-sample state (the relay_tools task's ``read_secret`` reads the digit from them). Each generation
+  is capped at ``sub_response_tokens`` (and the room left in its ``response_length``). The report is the
+  text of its last generation without tool calls (``"(no answer)"`` to the main agent when empty),
+  shortened like verl shortens tool responses (``max_tool_response_length``). Sub-agents cannot delegate
+  further.
+
+Concurrency: the calls of one main turn run concurrently (verl's ``gather``); per-rollout state lives in a
+context variable, so a loop instance may even run several rollouts at once. Call indices follow the order
+of the calls in the main agent's output (each call takes its index before its first ``await``).
+
+Rows: the contract of :mod:`mgrpo_verl.rollout.delegation` (read by the M-GRPO trainer):
+``[sub rows in call order..., main row]``, one sub row per delegation call that returned a report.
+
+* ``extra_fields["mgrpo"]`` = ``{"agent", "traj_id", "parent_traj_id", "score", "calls", "failed_calls",
+  "observation_truncated"}``; ``traj_id`` is ``"{uid}/{session_id}/main"`` for the main row and
+  ``"{uid}/{session_id}/{sub}/{j}"`` for the ``j``-th call (from 0) to sub-agent ``sub``; the main row's
+  ``calls`` counts the delegation calls started (validated and within ``max_calls``, whether they then
+  succeeded or not), ``failed_calls`` every tool call of the main agent answered with an ``"<error: ...>"``
+  observation, ``observation_truncated`` whether a report was shortened or a tool response replaced to fit;
+  sub rows have ``calls`` 1, ``failed_calls`` 0 and ``observation_truncated`` False;
+* scores: ``scorer("main", final answer, ground truth)`` (the main agent's last generation without tool
+  calls) and ``scorer("sub", report, ground truth)``, with ``multi_agent.delegation.scorer``
+  (``relay.load_scorer``) and ``kwargs["reward_model"]["ground_truth"]``; ``reward_score`` is the main
+  score on every row, ``extra_fields["reward_extra_info"] = {"acc": main score, "calls": calls}`` too;
+* staleness tags: each row's generations' ``TokenOutput.extra_fields`` merged (min of
+  ``min_global_steps``, max of ``max_global_steps``, speculative-decoding counters summed, other keys from
+  the last generation); every row sets the same fields (``response_logprobs`` always, zeros where the
+  backend returned none).
+
+Bad model output never crashes the step and never drops a row silently; each of these becomes an
+``"<error: ...>"`` tool response the main agent sees, counted in ``failed_calls``: a malformed call (JSON
+that does not parse, no ``name``, an unclosed ``<tool_call>``; ``hermes`` format only: other formats keep
+verl's parser), an unknown tool, arguments that are not a JSON object, a delegation without a non-empty
+string ``task``, a delegation beyond ``max_calls``, a call beyond ``multi_turn.max_parallel_calls`` in one
+turn, a sub-agent call that raises or exceeds ``timeout_s`` (no sub row then), and tool responses too long
+for the context (the sub row of a call whose report was replaced stays). Errors of the main agent's own
+tools are verl's (``"Error executing tool ..."``), not counted. Calls in the main agent's last allowed turn
+are not run (verl stops before parsing them). Configuration errors raise.
+
+Needs verl's v1 trainer (``AgentLoopWorkerTQ`` accepts a list of outputs). Text only: sub-agents get no
+processor. Router replay (``routed_experts``) is not carried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+from uuid import uuid4
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    register,
+)
+from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall, HermesToolParser
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.tools.tool_registry import load_all_tools
+from verl.utils import hf_tokenizer
+from verl.utils.import_utils import resolve_config_path
+from verl.utils.ray_utils import get_event_loop
+from verl.workers.rollout.replica import TokenOutput
+
+from mgrpo_verl.envs import relay
+from mgrpo_verl.rollout import delegation
+from mgrpo_verl.rollout.delegation import (
+    MAX_TOKENS_KEY,
+    TRUNCATED,
+    DelegationSettings,
+    _agent_setting,
+    _Generation,
+    _int_setting,
+    _merge_generation_fields,
+    _mgrpo,
+    _row,
+    _tokenizer_path,
+)
+
+logger = logging.getLogger(__name__)
+
+#: ``@register`` name of :class:`ToolDelegationLoop` (the ``agent_name`` of dataset rows).
+AGENT_LOOP_NAME = relay.TOOLS_AGENT_LOOP_NAME
+
+#: What the main agent sees when a sub-agent's report is empty.
+NO_ANSWER = "(no answer)"
+
+#: (tool_config_path, function_tool_path) -> loaded tools, for sub-agents (per process, like verl's worker).
+_TOOLS: dict[tuple[Optional[str], Optional[str]], list[Any]] = {}
+
+#: model path -> ``model_type`` of its ``config.json`` (``None`` when unreadable), for sub-agents' builders.
+_MODEL_TYPES: dict[str, Optional[str]] = {}
+
+#: ``<tool_call>...</tool_call>`` blocks, and a trailing unclosed ``<tool_call>...`` (group 2 empty).
+_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+
+def _error(text: str) -> str:
+    return f"<error: {text}>"
+
+
+def _strip_calls(text: str) -> str:
+    """``text`` without tool-call blocks (closed or not), stripped."""
+    return _CALL_BLOCK.sub("", text).strip()
+
+
+def _fit(values: Optional[list[float]], n: int) -> list[float]:
+    """``values`` cut or zero-padded to ``n`` entries."""
+    values = [float(x) for x in (values or [])[:n]]
+    return values + [0.0] * (n - len(values))
+
+
+class _ToolCall(FunctionCall):
+    """A parsed tool call; ``error`` set when the call is not to be run (its error text, the observation)."""
+
+    error: Optional[str] = None
+
+
+class StrictHermesToolParser(HermesToolParser):
+    """verl's ``hermes`` format, but a call that cannot be read is kept as a :class:`_ToolCall` with
+    ``error`` set (verl's parser logs and drops it, so the model would never learn why nothing happened):
+    JSON that does not parse, not an object with a non-empty string ``name``, or a ``<tool_call>`` without
+    ``</tool_call>``. ``arguments`` may be an object (serialised to JSON) or a JSON string (kept as is);
+    :meth:`ToolDelegationLoop._call_tool` checks that they decode to an object."""
+
+    async def extract_tool_calls(self, responses_ids: list[int], tools: Any = None) -> tuple[str, list[FunctionCall]]:
+        text = await get_event_loop().run_in_executor(None, self.tokenizer.decode, responses_ids)
+        if "<tool_call>" not in text:
+            return text, []
+        return _CALL_BLOCK.sub("", text), [_parse_call(body, closed) for body, closed in _CALL_BLOCK.findall(text)]
+
+
+def _malformed(reason: str) -> _ToolCall:
+    return _ToolCall(name="", arguments="{}", error=_error(f"malformed tool call: {reason}"))
+
+
+def _parse_call(body: str, closed: str) -> _ToolCall:
+    if not closed:
+        return _malformed("<tool_call> is not closed by </tool_call>")
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return _malformed(f"invalid JSON ({exc})")
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        return _malformed('expected {"name": <tool name>, "arguments": {...}}')
+    arguments = call.get("arguments", {})
+    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return _ToolCall(name=call["name"], arguments=arguments)
+
+
+# ----------------------------------------------------------------------------------------------------
+# generations: one route per loop, one recorder per rollout / sub-agent call (found through a context var)
+
+
+class _Recorder:
+    """Generates on ``client`` for one trajectory: caps new tokens at ``cap`` and the room left in
+    ``response_length`` (counted from the first prompt it sees), cuts over-long outputs, fills missing
+    log-probs with zeros and keeps every generation (for the row's server fields and final text)."""
+
+    def __init__(self, client: Any, response_length: int, cap: Optional[int] = None):
+        self.client = client
+        self.response_length = response_length
+        self.cap = cap
+        self.generations: list[_Generation] = []
+        self._prompt_length: Optional[int] = None
+
+    async def generate(
+        self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
+        if self._prompt_length is None:
+            self._prompt_length = len(prompt_ids)
+        room = self.response_length - (len(prompt_ids) - self._prompt_length)
+        max_tokens = max(1, min(room, self.cap) if self.cap else room)
+        params = {**sampling_params, MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
+        start = time.perf_counter()
+        output = await self.client.generate(
+            request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs
+        )
+        seconds = time.perf_counter() - start
+        token_ids = list(output.token_ids)[:max_tokens]
+        log_probs = _fit(output.log_probs, len(token_ids))
+        self.generations.append(
+            _Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
+        )
+        return output.model_copy(update={"token_ids": token_ids, "log_probs": log_probs})
+
+    def final_text(self, tokenizer: Any) -> str:
+        """The last generation's text without tool calls ("" when there was none)."""
+        if not self.generations:
+            return ""
+        return _strip_calls(tokenizer.decode(self.generations[-1].token_ids, skip_special_tokens=True))
+
+
+#: The recorder of the trajectory generating in the current task: the main rollout's, or a sub call's.
+_RECORDER: contextvars.ContextVar[Optional[_Recorder]] = contextvars.ContextVar("mgrpo_tool_recorder", default=None)
+
+
+class _Route:
+    """A loop's ``server_manager``: the current trajectory's recorder, or ``client`` outside a rollout."""
+
+    def __init__(self, client: Any):
+        self.client = client
+
+    async def generate(self, **kwargs: Any) -> TokenOutput:
+        recorder = _RECORDER.get()
+        return await (recorder or self.client).generate(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------
+# settings, sub-agents, per-rollout state
+
+
+@dataclass(frozen=True)
+class ToolDelegationSettings:
+    """The loop's settings, read from the trainer config's ``multi_agent`` section (all optional).
+
+    * ``base``: :class:`~mgrpo_verl.rollout.delegation.DelegationSettings` (main agent's name, ``max_calls``
+      per rollout, ``timeout_s`` per call, ``sub_response_tokens`` per sub-agent generation,
+      ``answer_tokens`` of room kept for the main agent after tool responses, ``scorer``; ``min_calls``,
+      ``plan_tokens`` and ``sub_agent`` are the relay loop's and unused here);
+    * ``sub_agents``: every agent of ``multi_agent.agents`` except the main one, in order (one ``ask_<sub>``
+      tool each), or ``(base.sub_agent,)`` when there is no ``agents`` section;
+    * ``sub_max_turns`` (``multi_agent.delegation.sub_max_turns``, default 2, >= 1): assistant turns of one
+      sub-agent call;
+    * ``sub_prompt`` (``multi_agent.delegation.sub_prompt``): ``relay.load_sub_prompt``.
+    """
+
+    base: DelegationSettings
+    sub_agents: tuple[str, ...]
+    sub_max_turns: int = 2
+    sub_prompt: Any = relay.tool_sub_messages
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> ToolDelegationSettings:
+        """Settings of ``config`` (the whole trainer config); raises ``ValueError`` naming a bad field."""
+        base = DelegationSettings.from_config(config)
+        section = OmegaConf.select(config, "multi_agent", default=None) or {}
+        section_delegation = section.get("delegation") or {}
+        agents = section.get("agents")
+        subs = (base.sub_agent,) if agents is None else tuple(str(a) for a in agents if a != base.main)
+        return cls(
+            base=base,
+            sub_agents=subs,
+            sub_max_turns=_int_setting(section_delegation, "sub_max_turns", cls.sub_max_turns, 1),
+            sub_prompt=relay.load_sub_prompt(section_delegation.get("sub_prompt")),
+        )
+
+
+@dataclass(frozen=True)
+class _DelegationTool:
+    """``ask_<agent>(task)``: a tool entry of the main agent (schema only; the loop runs it)."""
+
+    agent: str
+    name: str
+    tool_schema: OpenAIFunctionToolSchema
+
+    @classmethod
+    def for_agent(cls, agent: str) -> _DelegationTool:
+        name = relay.delegation_tool_name(agent)
+        schema = OpenAIFunctionToolSchema.model_validate(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": f"Delegate a task to the sub-agent {agent}; returns its report.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"task": {"type": "string", "description": f"What {agent} should do."}},
+                        "required": ["task"],
+                    },
+                },
+            }
+        )
+        return cls(agent, name, schema)
+
+
+@dataclass(frozen=True)
+class _SubAgent:
+    """Where and how one sub-agent's calls run (resolved once per rollout)."""
+
+    name: str
+    client: Any
+    tokenizer: Any
+    response_length: int
+    response_tokens: int
+    loop: ToolAgentLoop
+
+
+@dataclass
+class _SubCall:
+    """One started delegation call: ``order`` over all calls of the rollout, ``index`` among ``agent``'s."""
+
+    order: int
+    agent: str
+    index: int
+    output: Optional[AgentLoopOutput] = None
+    generations: list[_Generation] = field(default_factory=list)
+    report: str = ""
+
+
+@dataclass
+class _Rollout:
+    """Per-rollout state shared by the main loop's hooks (through :data:`_ROLLOUT`)."""
+
+    sampling_params: dict[str, Any]
+    tools_kwargs: dict[str, Any]
+    subs: dict[str, _SubAgent]
+    main: _Recorder
+    calls: list[_SubCall] = field(default_factory=list)
+    failed_calls: int = 0
+    observation_truncated: bool = False
+
+    def fail(self, text: str) -> tuple[ToolResponse, float, dict]:
+        """An error observation, counted in ``failed_calls``."""
+        self.failed_calls += 1
+        return ToolResponse(text=text), 0.0, {}
+
+
+_ROLLOUT: contextvars.ContextVar[Optional[_Rollout]] = contextvars.ContextVar("mgrpo_tool_rollout", default=None)
+
+
+def _tools_for(agent_config: Any) -> list[Any]:
+    """The tools of an agent's full config (``multi_turn.tool_config_path`` / ``function_tool_path``), loaded
+    once per process; none without a config."""
+    key = tuple(
+        _agent_setting(agent_config, f"actor_rollout_ref.rollout.multi_turn.{name}", None)
+        for name in ("tool_config_path", "function_tool_path")
+    )
+    if key not in _TOOLS:
+        tool_path, function_path = key
+        _TOOLS[key] = load_all_tools(
+            tool_config_path=resolve_config_path(tool_path) if tool_path else None,
+            function_tool_path=resolve_config_path(function_path) if function_path else None,
+        )
+    return _TOOLS[key]
+
+
+def _field(node: Any, key: str, default: Any) -> Any:
+    """``node.key`` of a config section, a ``DictConfig`` or a dataclass; ``default`` when absent."""
+    if node is None:
+        return default
+    return node.get(key, default) if hasattr(node, "get") else getattr(node, key, default)
+
+
+def _model_type(path: Optional[str]) -> Optional[str]:
+    """``model_type`` of a local model's ``config.json`` (``None`` when absent: verl's default builder)."""
+    if not path:
+        return None
+    if path not in _MODEL_TYPES:
+        try:
+            _MODEL_TYPES[path] = json.loads((Path(path) / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError):
+            _MODEL_TYPES[path] = None
+    return _MODEL_TYPES[path]
+
+
+# ----------------------------------------------------------------------------------------------------
+# the loop
+
+
+@register(AGENT_LOOP_NAME)
+class ToolDelegationLoop(ToolAgentLoop):
+    """The main agent's tool loop with ``ask_<sub>`` tools (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._hf_model_type = kwargs.get("hf_model_type")
+        super().__init__(*args, **kwargs)
+        self.settings = ToolDelegationSettings.from_config(self.config)
+        self._manager = self.server_manager
+        self.server_manager = _Route(self._manager)
+        for agent in self.settings.sub_agents:
+            tool = _DelegationTool.for_agent(agent)
+            if tool.name in self.tools:
+                raise ValueError(
+                    f"the main agent's own tools already have a tool named {tool.name!r}, the delegation tool of "
+                    f"sub-agent {agent!r}; rename that tool"
+                )
+            self.tools[tool.name] = tool
+            self.tool_schemas.append(tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True))
+        if self.tool_parser_name == "hermes":
+            self.tool_parser = StrictHermesToolParser(self.tokenizer)
+        # every call of a turn is answered; those beyond verl's per-turn cap get an error (see _handle_generating_state)
+        self.turn_call_limit = self.max_parallel_calls
+        self.max_parallel_calls = sys.maxsize
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        """Rows ``[sub rows..., main row]`` of one main trajectory; ``kwargs`` is the dataset row (verl passes
+        ``raw_prompt``, ``reward_model``, ``tools_kwargs``, ``uid``, ``session_id``, ...)."""
+        subs = {name: self._resolve_sub_agent(name) for name in self.settings.sub_agents}  # config errors first
+        ground_truth = str(kwargs["reward_model"]["ground_truth"])
+        prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
+        state = _Rollout(
+            sampling_params=dict(sampling_params),
+            tools_kwargs=dict(kwargs.get("tools_kwargs") or {}),
+            subs=subs,
+            main=_Recorder(self._manager, self.response_length),
+        )
+        rollout_token, recorder_token = _ROLLOUT.set(state), _RECORDER.set(state.main)
+        try:
+            output = await super().run(sampling_params, **kwargs)
+        finally:
+            _RECORDER.reset(recorder_token)
+            _ROLLOUT.reset(rollout_token)
+        return self._rows(state, output, prefix, ground_truth)
+
+    # -- hooks of ToolAgentLoop
+
+    async def _handle_generating_state(
+        self, agent_data: Any, sampling_params: dict[str, Any], ignore_termination: bool = False
+    ) -> AgentState:
+        """verl's step; then every call beyond ``multi_turn.max_parallel_calls`` in this turn is marked to be
+        answered with an error instead of being run."""
+        next_state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
+        if next_state == AgentState.PROCESSING_TOOLS:
+            limit = sys.maxsize if self.turn_call_limit is None else self.turn_call_limit
+            agent_data.tool_calls = [
+                _ToolCall(
+                    name=call.name,
+                    arguments=call.arguments,
+                    tool_call_id=call.tool_call_id,
+                    error=getattr(call, "error", None)
+                    or (_error(f"too many tool calls in one turn: at most {limit} are run") if i >= limit else None),
+                )
+                for i, call in enumerate(agent_data.tool_calls)
+            ]
+        return next_state
+
+    async def _call_tool(
+        self, tool_call: FunctionCall, tools_kwargs: dict[str, Any], agent_data: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        state = _ROLLOUT.get()
+        if state is None:  # not inside run(): plain verl behaviour
+            return await super()._call_tool(tool_call, tools_kwargs, agent_data)
+        # no await before _delegate numbers the call: calls take their indices in the order of the output
+        error = getattr(tool_call, "error", None)
+        if error:
+            return state.fail(error)
+        active = getattr(agent_data, "_active_tools", self.tools)
+        tool = active.get(tool_call.name)
+        if tool is None:
+            available = ", ".join(active) or "none"
+            return state.fail(_error(f"unknown tool {tool_call.name!r}; available tools: {available}"))
+        try:
+            arguments = json.loads(tool_call.arguments)
+        except (json.JSONDecodeError, TypeError) as exc:
+            return state.fail(_error(f"arguments of {tool_call.name} are not valid JSON: {exc}"))
+        if not isinstance(arguments, dict):
+            return state.fail(_error(f"arguments of {tool_call.name} must be a JSON object, got {tool_call.arguments}"))
+        if isinstance(tool, _DelegationTool):
+            return await self._delegate(state, state.subs[tool.agent], tool.name, arguments)
+        return await super()._call_tool(tool_call, tools_kwargs, agent_data)
+
+    async def ct_merge_context_msg(
+        self,
+        previous_messages: list[dict],
+        updated_messages: list[dict],
+        runtime_token_ids: list[int],
+        response_mask: list[int],
+        response_logprobs: Optional[list[float]] = None,
+        tools: Optional[list[dict]] = None,
+    ):
+        """verl's merge; when the appended tool responses leave less than ``answer_tokens`` of room in
+        ``response_length``, the longest are replaced by an error text (each counted in ``failed_calls``
+        unless it already was an error) until they fit or none is left to shorten. The messages are changed
+        in place, so the chat history matches the tokens."""
+
+        async def merge():
+            return await super(ToolDelegationLoop, self).ct_merge_context_msg(
+                previous_messages, updated_messages, runtime_token_ids, response_mask, response_logprobs, tools=tools
+            )
+
+        merged = await merge()
+        state = _ROLLOUT.get()
+        if state is None:
+            return merged
+        budget = max(0, self.response_length - self.settings.base.answer_tokens)
+        dropped = _error("tool response dropped: it does not fit in the context")
+        appended = updated_messages[len(previous_messages) :]
+        while len(merged[1]) > budget:
+            candidates = [
+                m for m in appended if isinstance(m.get("content"), str) and len(m["content"]) > len(dropped)
+            ]
+            if not candidates:
+                break
+            longest = max(candidates, key=lambda m: len(m["content"]))
+            if not longest["content"].startswith("<error:"):
+                state.failed_calls += 1
+            longest["content"] = dropped
+            state.observation_truncated = True
+            merged = await merge()
+        return merged
+
+    # -- delegation
+
+    async def _delegate(
+        self, state: _Rollout, sub: _SubAgent, tool_name: str, arguments: dict[str, Any]
+    ) -> tuple[ToolResponse, float, dict]:
+        """Run one call of ``sub`` (its own tool loop), concurrently with the other calls of the turn."""
+        task = arguments.get("task")
+        if not isinstance(task, str) or not task.strip():
+            return state.fail(_error(f"{tool_name} needs a non-empty string argument 'task', got {task!r}"))
+        limit = self.settings.base.max_calls
+        if len(state.calls) >= limit:
+            return state.fail(_error(f"delegation limit reached: at most {limit} sub-agent calls per rollout"))
+        call = _SubCall(len(state.calls), sub.name, sum(c.agent == sub.name for c in state.calls))
+        state.calls.append(call)
+
+        recorder = _Recorder(sub.client, sub.response_length, sub.response_tokens)
+        context = contextvars.copy_context()
+        context.run(_RECORDER.set, recorder)  # the sub loop's generations go to its own recorder
+        timeout = self.settings.base.timeout_s
+        start = time.perf_counter()
+        try:
+            messages = self.settings.sub_prompt(sub.name, task)
+            run = sub.loop.run(dict(state.sampling_params), raw_prompt=list(messages), tools_kwargs=state.tools_kwargs)
+            call.output = await asyncio.wait_for(asyncio.get_running_loop().create_task(run, context=context), timeout)
+        except asyncio.TimeoutError:
+            logger.warning("sub-agent %r call timed out after %gs", sub.name, timeout)
+            return state.fail(_error(f"sub-agent {sub.name} timed out after {timeout:g}s"))
+        except Exception as exc:
+            logger.warning("sub-agent %r call failed: %r", sub.name, exc)
+            return state.fail(_error(f"sub-agent {sub.name} failed: {type(exc).__name__}: {exc}"))
+        logger.debug("sub-agent %r call %d took %.3fs", sub.name, call.index, time.perf_counter() - start)
+        call.generations = recorder.generations
+        call.report = recorder.final_text(sub.tokenizer)
+        text = self._clip(call.report or NO_ANSWER)
+        if text != (call.report or NO_ANSWER):
+            state.observation_truncated = True
+        return ToolResponse(text=text), 0.0, {}
+
+    def _clip(self, text: str) -> str:
+        """``text`` shortened to ``multi_turn.max_tool_response_length`` characters on verl's configured side."""
+        limit = self.max_tool_response_length
+        if not limit or len(text) <= limit:
+            return text
+        side = self.tool_response_truncate_side
+        if side == "left":
+            return "(truncated)..." + text[-limit:]
+        if side == "right":
+            return text[:limit] + TRUNCATED
+        half = limit // 2
+        return text[:half] + TRUNCATED + "..." + text[len(text) - half :]
+
+    def _resolve_sub_agent(self, name: str) -> _SubAgent:
+        """The sub-agent's client, tokenizer, tools and limits, and its tool loop.
+
+        The client is ``server_manager.for_agent(name)`` (which raises for an unknown name), or the server
+        manager itself without ``for_agent``. From the client's ``config`` (the agent's full config), when it
+        has one: tokenizer (``actor_rollout_ref.model.tokenizer_path`` or ``.path``; the main agent's when equal
+        or absent), tools (``actor_rollout_ref.rollout.multi_turn.tool_config_path`` / ``function_tool_path``),
+        ``prompt_length`` / ``response_length`` and the other ``multi_turn`` settings (default: the main
+        agent's), with ``max_assistant_turns = sub_max_turns``.
+        """
+        manager = self._manager
+        client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
+        agent_config = getattr(client, "config", None)
+        path = _tokenizer_path(agent_config)
+        tokenizer, hf_model_type = self.tokenizer, self._hf_model_type
+        if path is not None and path != _tokenizer_path(self.config):
+            if path not in delegation._TOKENIZERS:
+                trust = bool(_agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+                delegation._TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
+            tokenizer = delegation._TOKENIZERS[path]
+            hf_model_type = _model_type(_agent_setting(agent_config, "actor_rollout_ref.model.path", None))
+
+        rollout, multi_turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
+        main_rollout = self.rollout_config
+
+        def setting(key: str, default: Any) -> Any:
+            return _agent_setting(agent_config, key, default)
+
+        response_length = int(setting(f"{rollout}.response_length", self.response_length))
+        sub_rollout = {
+            "prompt_length": int(setting(f"{rollout}.prompt_length", self.prompt_length)),
+            "response_length": response_length,
+            "full_determinism": bool(
+                setting(f"{rollout}.full_determinism", _field(main_rollout, "full_determinism", False))
+            ),
+            "multi_turn": {
+                "max_assistant_turns": self.settings.sub_max_turns,
+                **{
+                    key: setting(f"{multi_turn}.{key}", _field(_field(main_rollout, "multi_turn", None), key, default))
+                    for key, default in (
+                        ("max_user_turns", None),
+                        ("max_parallel_calls", 1),
+                        ("max_tool_response_length", 256),
+                        ("tool_response_truncate_side", "middle"),
+                        ("format", "hermes"),
+                    )
+                },
+            },
+        }
+        loop = ToolAgentLoop(
+            trainer_config=DictConfigWrap(OmegaConf.create({"actor_rollout_ref": {"rollout": sub_rollout}})),
+            server_manager=_Route(client),
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=self.dataset_cls,
+            data_config=DictConfigWrap(self.data_config),
+            hf_model_type=hf_model_type,
+            tools=ToolListWrap(_tools_for(agent_config)),
+        )
+        return _SubAgent(
+            name, client, tokenizer, response_length, min(self.settings.base.sub_response_tokens, response_length), loop
+        )
+
+    # -- rows
+
+    def _rows(self, state: _Rollout, output: AgentLoopOutput, prefix: str, ground_truth: str) -> list[AgentLoopOutput]:
+        scorer = self.settings.base.scorer
+        answer = state.main.final_text(self.tokenizer)
+        score = float(scorer("main", answer, ground_truth))
+        started = len(state.calls)
+        reward_extra_info = {"acc": score, "calls": started}
+        main_id = f"{prefix}/main"
+        rows = []
+        for call in state.calls:  # in call order
+            if call.output is None:  # failed or timed out: no row
+                continue
+            out = call.output
+            sub_score = float(scorer("sub", call.report, ground_truth))
+            meta = _mgrpo(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
+            rows.append(
+                _row(
+                    list(out.prompt_ids),
+                    list(out.response_ids),
+                    list(out.response_mask),
+                    _fit(out.response_logprobs, len(out.response_ids)),
+                    num_turns=out.num_turns,
+                    metrics=out.metrics,
+                    extra_fields={
+                        **_merge_generation_fields(call.generations),
+                        "mgrpo": meta,
+                        "reward_extra_info": dict(reward_extra_info),
+                    },
+                    reward_score=score,
+                )
+            )
+        meta = _mgrpo(self.settings.base.main, main_id, "", score, started)
+        meta.update(failed_calls=state.failed_calls, observation_truncated=state.observation_truncated)
+        rows.append(
+            _row(
+                list(output.prompt_ids),
+                list(output.response_ids),
+                list(output.response_mask),
+                _fit(output.response_logprobs, len(output.response_ids)),
+                num_turns=output.num_turns,
+                metrics=output.metrics,
+                extra_fields={
+                    **_merge_generation_fields(state.main.generations),
+                    "mgrpo": meta,
+                    "reward_extra_info": reward_extra_info,
+                },
+                reward_score=score,
+            )
+        )
+        return rows

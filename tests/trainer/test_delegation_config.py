@@ -1,0 +1,66 @@
+"""``multi_agent.delegation`` keys of delegation by tool call: ``sub_max_turns`` and ``sub_prompt``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mgrpo_verl.trainer.multi_agent_config import DELEGATION_KEYS, DelegationConfig, parse_multi_agent
+
+YAML = Path(__file__).resolve().parents[2] / "mgrpo_verl" / "config" / "mgrpo_trainer.yaml"
+
+
+def config(**delegation):
+    """The smallest config multi-agent parsing accepts, with ``delegation`` as the delegation section."""
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {"model": {"path": "models/base"}, "rollout": {"n": 2, "response_length": 32}},
+            "algorithm": {"adv_estimator": "grpo"},
+            "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "v1": {"trainer_mode": "mgrpo"}},
+            "multi_agent": {
+                "enable": True,
+                "main": "main",
+                "delegation": delegation,
+                "agents": {"main": {}, "sub": {}},
+            },
+        }
+    )
+
+
+def test_defaults_and_keys():
+    assert {"sub_max_turns", "sub_prompt"} <= set(DELEGATION_KEYS)
+    parsed = parse_multi_agent(config()).delegation
+    assert (parsed.sub_max_turns, parsed.sub_prompt) == (2, None)
+    assert parsed == DelegationConfig(sub_agent="sub")
+
+
+def test_values_are_kept():
+    parsed = parse_multi_agent(config(sub_max_turns=5, sub_prompt="mgrpo_verl.envs.relay:tool_sub_messages")).delegation
+    assert parsed.sub_max_turns == 5 and parsed.sub_prompt == "mgrpo_verl.envs.relay:tool_sub_messages"
+    assert parse_multi_agent(config(sub_max_turns=None, sub_prompt=None)).delegation.sub_max_turns == 2  # null: default
+
+
+@pytest.mark.parametrize(
+    "delegation, field",
+    [
+        ({"sub_max_turns": 0}, "sub_max_turns"),
+        ({"sub_max_turns": -2}, "sub_max_turns"),
+        ({"sub_max_turns": 1.5}, "sub_max_turns"),
+        ({"sub_max_turns": True}, "sub_max_turns"),
+        ({"sub_max_turns": "2"}, "sub_max_turns"),
+        ({"sub_prompt": "no_colon"}, "sub_prompt"),
+        ({"sub_prompt": 3}, "sub_prompt"),
+        ({"sub_max_turn": 2}, "sub_max_turn"),  # a typo is an unknown key
+    ],
+)
+def test_bad_values(delegation, field):
+    with pytest.raises(ValueError, match=f"multi_agent.delegation.{field}"):
+        parse_multi_agent(config(**delegation))
+
+
+def test_shipped_yaml_has_the_keys_with_the_defaults():
+    delegation = OmegaConf.load(YAML).multi_agent.delegation
+    assert set(delegation) == set(DELEGATION_KEYS)
+    assert (delegation.sub_max_turns, delegation.sub_prompt) == (2, None)
