@@ -40,7 +40,7 @@ SUB_KEY = "agent/sub/score/mean"
 
 def run_all(out: Path, seeds: list[int], steps: int, test_freq: int, variants: list[str], extra: list[str]) -> None:
     """Train every (variant, seed) that has no finished metrics file yet, printing progress."""
-    jobs = [(v, s) for v in variants for s in seeds]
+    jobs = [(v, s) for s in seeds for v in variants]  # seed by seed: a cut-short sweep still compares variants
     for i, (variant, seed) in enumerate(jobs, 1):
         run_dir = out / variant / f"seed{seed}"
         metrics = run_dir / "metrics.jsonl"

@@ -67,6 +67,7 @@ from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from verl.utils import hf_tokenizer, normalize_token_ids
 
 from mgrpo_verl.envs import relay
+from mgrpo_verl.trainer.multi_agent_config import DelegationConfig, parse_delegation
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +80,6 @@ MAX_TOKENS_KEY = "max_tokens"
 
 #: Appended to an observation shortened to fit the main agent's response budget.
 TRUNCATED = "...(truncated)"
-
-
-def _int_setting(section: Any, name: str, default: int, low: int) -> int:
-    value = section.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"multi_agent.delegation.{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -117,41 +111,29 @@ class DelegationSettings:
     timeout_s: float = 120.0
     scorer: Any = relay.default_scorer
 
+    #: the parsed section itself (keys other loops read, e.g. sub_max_turns); not part of equality
+    delegation: DelegationConfig = field(default_factory=DelegationConfig, compare=False, repr=False)
+
     @classmethod
     def from_config(cls, config: DictConfig) -> DelegationSettings:
-        """Settings of ``config`` (the whole trainer config); raises ``ValueError`` naming a bad field."""
+        """Settings of ``config`` (the whole trainer config), validated by the same parser the trainer uses
+        (:func:`mgrpo_verl.trainer.multi_agent_config.parse_delegation`); raises ``ValueError`` naming a bad
+        field. Without a ``multi_agent`` section the agents are ``main`` and ``sub``."""
         section = OmegaConf.select(config, "multi_agent", default=None) or {}
-        main = section.get("main") or cls.main
-        delegation = section.get("delegation") or {}
-        sub = delegation.get("sub_agent")
-        if sub is None:
-            agents = section.get("agents")
-            if agents is None:
-                sub = cls.sub_agent
-            else:
-                sub = next((name for name in agents if name != main), None)
-                if sub is None:
-                    raise ValueError(
-                        f"multi_agent.delegation.sub_agent is not set and multi_agent.agents has no agent other "
-                        f"than the main agent {main!r}: {list(agents)}"
-                    )
-        min_calls = _int_setting(delegation, "min_calls", cls.min_calls, 0)
-        max_calls = _int_setting(delegation, "max_calls", cls.max_calls, 0)
-        if min_calls > max_calls:
-            raise ValueError(f"multi_agent.delegation.min_calls ({min_calls}) must be <= max_calls ({max_calls})")
-        timeout_s = delegation.get("timeout_s", cls.timeout_s)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
-            raise ValueError(f"multi_agent.delegation.timeout_s must be a number > 0, got {timeout_s!r}")
+        main = str(section.get("main") or cls.main)
+        agents = [str(a) for a in (section.get("agents") or {})] or [main, cls.sub_agent]
+        parsed = parse_delegation(section.get("delegation") or {}, main, agents)
         return cls(
-            main=str(main),
-            sub_agent=str(sub),
-            min_calls=min_calls,
-            max_calls=max_calls,
-            plan_tokens=_int_setting(delegation, "plan_tokens", cls.plan_tokens, 1),
-            answer_tokens=_int_setting(delegation, "answer_tokens", cls.answer_tokens, 1),
-            sub_response_tokens=_int_setting(delegation, "sub_response_tokens", cls.sub_response_tokens, 1),
-            timeout_s=float(timeout_s),
-            scorer=relay.load_scorer(delegation.get("scorer")),
+            main=main,
+            sub_agent=str(parsed.sub_agent),
+            min_calls=parsed.min_calls,
+            max_calls=parsed.max_calls,
+            plan_tokens=parsed.plan_tokens,
+            answer_tokens=parsed.answer_tokens,
+            sub_response_tokens=parsed.sub_response_tokens,
+            timeout_s=parsed.timeout_s,
+            scorer=relay.load_scorer(parsed.scorer),
+            delegation=parsed,
         )
 
     def num_calls(self, plan_ids: list[int]) -> int:

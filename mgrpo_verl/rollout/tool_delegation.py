@@ -116,7 +116,6 @@ from mgrpo_verl.rollout.delegation import (
     DelegationSettings,
     _agent_setting,
     _Generation,
-    _int_setting,
     _merge_generation_fields,
     _mgrpo,
     _row,
@@ -281,14 +280,13 @@ class ToolDelegationSettings:
         """Settings of ``config`` (the whole trainer config); raises ``ValueError`` naming a bad field."""
         base = DelegationSettings.from_config(config)
         section = OmegaConf.select(config, "multi_agent", default=None) or {}
-        section_delegation = section.get("delegation") or {}
         agents = section.get("agents")
         subs = (base.sub_agent,) if agents is None else tuple(str(a) for a in agents if a != base.main)
         return cls(
             base=base,
             sub_agents=subs,
-            sub_max_turns=_int_setting(section_delegation, "sub_max_turns", cls.sub_max_turns, 1),
-            sub_prompt=relay.load_sub_prompt(section_delegation.get("sub_prompt")),
+            sub_max_turns=base.delegation.sub_max_turns,
+            sub_prompt=relay.load_sub_prompt(base.delegation.sub_prompt),
         )
 
 

@@ -444,7 +444,7 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
     elif not _is_int(d_max) or d_max < 1:
         raise ValueError(f"multi_agent.d_max must be a positive int (>= 1) or 'auto', got {d_max!r}")
 
-    delegation = _parse_delegation(get("delegation", {}), main, [s.name for s in ordered])
+    delegation = parse_delegation(get("delegation", {}), main, [s.name for s in ordered])
 
     _check_unsupported(config)
     _check_agent_overrides(config, owners)
@@ -566,7 +566,8 @@ def _build_specs(raw: dict[str, dict], main: str, names: list[str]) -> dict[str,
     return specs
 
 
-def _parse_delegation(raw: Any, main: str, agent_names: list[str]) -> DelegationConfig:
+def parse_delegation(raw: Any, main: str, agent_names: list[str]) -> DelegationConfig:
+    """Validate ``multi_agent.delegation`` alone (the agent loops read it in their own processes)."""
     path = "multi_agent.delegation"
     if not isinstance(raw, Mapping):
         raise ValueError(f"{path}: expected a mapping, got {raw!r}")
