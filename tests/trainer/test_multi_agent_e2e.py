@@ -1,6 +1,6 @@
 """End to end on CPU: ``python -m mgrpo_verl.main_ppo`` (its default config) trains two models.
 
-Two tiny random Qwen2 (main: seed 0, sub: seed 1) on the relay task, each with its own FSDP2 actor, its
+Two tiny random Qwen2 of different sizes (main: 2 layers, width 64; sub: 1 layer, width 32) on the relay task, each with its own FSDP2 actor, its
 own Hugging Face rollout server and its own weight sync. Four runs (each pays ~60-90 s of start-up):
 
 1. joint M-GRPO, 2 steps, validation before training and after step 2, a checkpoint per step;
@@ -15,6 +15,7 @@ scorer (vowel share) so that step 1 already has non-zero advantages for both age
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from functools import partial
 import math
 import re
@@ -32,6 +33,10 @@ def score(role, text, ground_truth):
 
 COMMON = (
     "trainer.test_freq=2",
+    # the sub-agent is a smaller architecture than the main agent (1 layer, width 32 vs 2 layers, 64)
+    "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_small}",
+    # every tiny model shares one tokenizer: the main agent's
+    "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}",
     "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
 )
 
@@ -87,7 +92,9 @@ def test_two_models_train_checkpoint_resume_frozen_and_single(main_ppo, tmp_path
             assert (ckpt / f"global_step_{step}" / "agents" / agent / "actor").is_dir()
     manifest = json.loads((ckpt / "global_step_2" / "agents.json").read_text())
     assert manifest["main"]["trainable"] and manifest["sub"]["trainable"]
-    assert manifest["main"]["model"] != manifest["sub"]["model"]
+    sizes = {a: json.loads((Path(manifest[a]["model"]) / "config.json").read_text()) for a in ("main", "sub")}
+    assert (sizes["main"]["num_hidden_layers"], sizes["sub"]["num_hidden_layers"]) == (2, 1)
+    assert (sizes["main"]["hidden_size"], sizes["sub"]["hidden_size"]) == (64, 32)
 
     # resume: continues at step 3 with both models' weights as saved at step 2 (the first sync of the
     # resumed run pushes exactly what the first run's servers held after step 2)
