@@ -673,11 +673,21 @@ def _check_unsupported(config: DictConfig) -> None:
 
 def _check_agent_overrides(config: DictConfig, owners: list[AgentSpec]) -> None:
     top_n = _select(config, "actor_rollout_ref.rollout.n")
+    batch = _select(config, "data.train_batch_size")
     for spec in owners:
+        path = f"multi_agent.agents.{spec.name}.actor_rollout_ref"
+        full = agent_full_config(config, spec) if spec.actor_rollout_ref else config
+        mini = _select(full, "actor_rollout_ref.actor.ppo_mini_batch_size")
+        if _is_int(batch) and _is_int(mini) and mini > 0 and batch % mini:
+            # a model trains on B*n main rows and/or B*n*D_max aligned sub rows: whole mini-batches of
+            # mini*n rows exactly when B is a multiple of mini (no padding rows, no lopsided last update)
+            raise ValueError(
+                f"data.train_batch_size {batch} is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size "
+                f"{mini} of agent {spec.name!r} (set in {path} or at the top level): every model's rows must split "
+                f"into whole mini-batches"
+            )
         if not spec.actor_rollout_ref:
             continue
-        path = f"multi_agent.agents.{spec.name}.actor_rollout_ref"
-        full = agent_full_config(config, spec)
         lora = _lora_path(full)
         if lora is not None:
             raise ValueError(

@@ -64,3 +64,21 @@ def test_shipped_yaml_has_the_keys_with_the_defaults():
     delegation = OmegaConf.load(YAML).multi_agent.delegation
     assert set(delegation) == set(DELEGATION_KEYS)
     assert (delegation.sub_max_turns, delegation.sub_prompt) == (2, None)
+
+
+
+@pytest.mark.parametrize("where", ["top", "sub"])
+def test_batch_must_split_into_whole_mini_batches_for_every_model(where):
+    # B = 4 prompts; a mini-batch of 3 prompts would leave a partial mini-batch (and padding rows)
+    cfg = config()
+    cfg.data = {"train_batch_size": 4}
+    if where == "top":
+        cfg.actor_rollout_ref.actor = {"ppo_mini_batch_size": 3}
+    else:
+        cfg.actor_rollout_ref.actor = {"ppo_mini_batch_size": 2}
+        cfg.multi_agent.agents.sub = {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 3}}}
+    agent = "main" if where == "top" else "sub"
+    with pytest.raises(ValueError, match=f"not a multiple of .*ppo_mini_batch_size 3 of agent '{agent}'"):
+        parse_multi_agent(cfg)
+    cfg.data.train_batch_size = 6 if where == "top" else 12
+    parse_multi_agent(cfg)  # 6 = 2 x 3, 12 = 4 x 3 (and 6 x 2)
