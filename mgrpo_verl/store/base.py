@@ -1,0 +1,495 @@
+"""The statistics store of decoupled M-GRPO: the record type, the interface and :func:`open_store`.
+
+In decoupled mode the main-agent trainer and the sub-agent trainers run as separate processes (or
+clusters) and exchange only small per-trajectory records, :class:`TrajectoryStat`, through a shared
+store. The main side writes the main score ``s_M`` of each main trajectory; a sub side reads the
+scores of the parents of its own rows (:meth:`StatStore.wait_for_parents`) and computes its
+advantages with :func:`mgrpo_verl.store.grouping.sub_advantages`.
+
+Guarantees every backend gives (tested on each one by ``tests/store``):
+
+- **exactly once**: records are keyed by ``traj_id``; putting a record again is a no-op, putting a
+  *different* record under an existing ``traj_id`` raises :class:`ConflictError`; ``put`` returns the
+  number of records newly inserted, so a writer that crashed and re-sends everything never doubles a
+  record and never has to know what got through;
+- **atomic batches**: one ``put`` call stores all of its records or none (a writer killed mid-batch
+  leaves no half batch, and a conflict anywhere in the batch stores nothing);
+- **records are immutable**: once stored, a record never changes, so a reader may cache it and a
+  record that is too old (``policy_version``) stays too old;
+- **consumption marks** (:meth:`StatStore.mark_consumed`) let a restarted consumer skip what it had
+  already trained on; :meth:`StatStore.release_consumed` drops the marks made after the checkpoint a
+  consumer resumes from, whose updates were lost with the crash.
+
+A store object belongs to the process that opened it: open one per process (each backend checks).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+#: Largest ``extra`` a record may carry, as compact JSON (bytes): the store is for small statistics,
+#: not for tensors or texts.
+MAX_EXTRA_BYTES = 4096
+
+SCHEMES = ("sqlite://", "redis://", "rediss://")
+
+
+class ConflictError(ValueError):
+    """A different record was put under a ``traj_id`` that already holds one (or twice in one batch).
+
+    Attributes:
+        traj_ids: the conflicting ids (all of them in the batch).
+    """
+
+    def __init__(self, traj_ids: Sequence[str]):
+        self.traj_ids = list(traj_ids)
+        shown = ", ".join(repr(t) for t in self.traj_ids[:5]) + (" ..." if len(self.traj_ids) > 5 else "")
+        super().__init__(
+            f"traj_id {shown} already stored with a different record ({len(self.traj_ids)} conflict(s)); "
+            "records are immutable, nothing of this batch was stored"
+        )
+
+
+class StoreClosedError(RuntimeError):
+    """The store was used after :meth:`StatStore.close`."""
+
+
+def _require_str(name: str, value: Any, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"TrajectoryStat: {name} must be a str, got {type(value).__name__} {value!r}")
+    if not value and not allow_empty:
+        raise ValueError(f"TrajectoryStat: {name} must not be empty")
+    return value
+
+
+def _require_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"TrajectoryStat: {name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value.__index__())
+    if value < 0:
+        raise ValueError(f"TrajectoryStat: {name} must be >= 0, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class TrajectoryStat:
+    """What one trajectory tells the other side: who it is and how it scored.
+
+    Attributes:
+        traj_id: unique id of the trajectory (the row's ``traj_id``); the store's key.
+        uid: the query group (the row's ``uid``).
+        agent: the agent that produced it.
+        parent_traj_id: ``""`` for a main trajectory, else the ``traj_id`` of the main trajectory that
+            invoked this sub-agent call.
+        score: the row's own score; for a main row the main score ``s_M``. Finite.
+        format_ok: whether the output was well formed (a statistic for logging and filtering).
+        step: the trainer step that produced it.
+        policy_version: the weights version of the model that produced it (for staleness checks).
+        extra: small JSON-serialisable mapping (at most :data:`MAX_EXTRA_BYTES` as JSON). Stored as its
+            JSON round trip (tuples become lists), so a record read back equals the one written.
+
+    Numbers are normalised (``numpy.float64`` → ``float``, ``numpy.int64`` → ``int``); invalid values
+    raise ``ValueError`` naming the field.
+    """
+
+    traj_id: str
+    uid: str
+    agent: str
+    parent_traj_id: str = ""
+    score: float = 0.0
+    format_ok: bool = True
+    step: int = 0
+    policy_version: int = 0
+    extra: dict = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        _require_str("traj_id", self.traj_id)
+        _require_str("uid", self.uid)
+        _require_str("agent", self.agent)
+        _require_str("parent_traj_id", self.parent_traj_id, allow_empty=True)
+        if self.parent_traj_id == self.traj_id:
+            raise ValueError(f"TrajectoryStat: parent_traj_id equals traj_id {self.traj_id!r}")
+        score = self.score
+        if isinstance(score, bool) or not isinstance(score, (int, float)) and not hasattr(score, "__float__"):
+            raise ValueError(f"TrajectoryStat: score must be a finite number, got {score!r}")
+        score = float(score)
+        if not math.isfinite(score):
+            raise ValueError(f"TrajectoryStat: score must be finite, got {score!r} (traj_id {self.traj_id!r})")
+        object.__setattr__(self, "score", score)
+        if not isinstance(self.format_ok, bool):
+            if getattr(getattr(self.format_ok, "dtype", None), "kind", "") != "b":  # numpy.bool_ is accepted
+                raise ValueError(f"TrajectoryStat: format_ok must be a bool, got {self.format_ok!r}")
+            object.__setattr__(self, "format_ok", bool(self.format_ok))
+        object.__setattr__(self, "step", _require_int("step", self.step))
+        object.__setattr__(self, "policy_version", _require_int("policy_version", self.policy_version))
+        if type(self.extra) is dict and not self.extra:
+            object.__setattr__(self, "extra", {})  # a private copy, the common case made fast
+            return
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"TrajectoryStat: extra must be a dict, got {type(self.extra).__name__}")
+        try:
+            text = json.dumps(self.extra, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"TrajectoryStat: extra must be JSON-serialisable with finite numbers: {err}") from None
+        if len(text.encode()) > MAX_EXTRA_BYTES:
+            raise ValueError(f"TrajectoryStat: extra is {len(text.encode())} bytes as JSON, the limit is {MAX_EXTRA_BYTES}")
+        object.__setattr__(self, "extra", json.loads(text))
+
+    @property
+    def is_main(self) -> bool:
+        """A main trajectory (no parent)."""
+        return not self.parent_traj_id
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys, compact): equal records give equal strings."""
+        return json.dumps(
+            {
+                "traj_id": self.traj_id,
+                "uid": self.uid,
+                "agent": self.agent,
+                "parent_traj_id": self.parent_traj_id,
+                "score": self.score,
+                "format_ok": self.format_ok,
+                "step": self.step,
+                "policy_version": self.policy_version,
+                "extra": self.extra,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+            allow_nan=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "TrajectoryStat":
+        """The record of :meth:`to_json`'s text, validated."""
+        return cls(**json.loads(text))
+
+    @classmethod
+    def _from_stored_json(cls, text: str | bytes) -> "TrajectoryStat":
+        """The record of a text the store wrote itself (validated when it was put): skips the
+        validation (3.2 instead of 6.0 ms per 1,000 records on the 2-core machine). Falls back to :meth:`from_json` for a text that
+        does not carry exactly the record's fields."""
+        data = json.loads(text)
+        if data.keys() != _FIELD_NAMES or type(data["score"]) is not float:
+            return cls(**data)
+        obj = object.__new__(cls)
+        obj.__dict__.update(data)
+        return obj
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(TrajectoryStat))
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    """Outcome of :meth:`StatStore.wait_for_parents`.
+
+    Attributes:
+        found: id -> record of the parents present with ``policy_version >= min_policy_version``.
+        missing: ids not in the store when the wait ended (in the order asked).
+        stale: ids present but with ``policy_version < min_policy_version`` (records never change, so
+            they will never become usable).
+        waited_s: how long the call took.
+    """
+
+    found: dict[str, TrajectoryStat]
+    missing: list[str]
+    stale: list[str]
+    waited_s: float
+
+    @property
+    def complete(self) -> bool:
+        """Every parent asked for was found fresh enough."""
+        return not self.missing and not self.stale
+
+    @property
+    def unusable(self) -> list[str]:
+        """``missing + stale``: the parents a sub side has to treat as absent."""
+        return self.missing + self.stale
+
+
+MISSING_POLICIES = ("skip", "zero", "error")
+
+
+@dataclass(frozen=True)
+class DecoupledConfig:
+    """Settings of decoupled M-GRPO's statistics exchange (the sub side's view).
+
+    Built from ``None`` (defaults), an instance, or a mapping with the same keys
+    (:meth:`from_any`; unknown keys are an error, as for :class:`mgrpo_verl.MGRPOConfig`).
+    """
+
+    url: str = ""
+    """Where the store lives (:func:`open_store`): ``sqlite:///abs/path.db`` or ``redis://host:port/db``."""
+
+    wait_timeout_s: float = 60.0
+    """How long a sub side waits for the main scores of its rows' parents before applying
+    ``missing_policy`` to the rest. Bounded so that a dead main trainer stalls the sub side for at
+    most this long per step."""
+
+    poll_s: float = 0.05
+    """Polling interval of :meth:`StatStore.wait_for_parents`; the hand-off latency's floor is about
+    half of it (see docs/decoupled.md for measured figures)."""
+
+    max_policy_lag: int | None = None
+    """A parent produced by main weights more than this many versions older than the newest the sub
+    side knows of is *stale* and treated as missing. ``None``: any version is accepted."""
+
+    missing_policy: str = "skip"
+    """What a sub row whose parent is missing or stale gets (:func:`mgrpo_verl.store.grouping.sub_advantages`):
+    ``skip`` (no advantage, the row is left out of the update and counted), ``zero`` (kept with
+    advantage 0: it keeps the batch shape and adds no policy gradient) or ``error`` (raise, the
+    synchronous mode's behaviour)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str):
+            raise ValueError(f"DecoupledConfig: url must be a str, got {self.url!r}")
+        for name in ("wait_timeout_s", "poll_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"DecoupledConfig: {name} must be a finite number >= 0, got {value!r}")
+        if self.poll_s <= 0:
+            raise ValueError(f"DecoupledConfig: poll_s must be > 0, got {self.poll_s!r}")
+        lag = self.max_policy_lag
+        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 0):
+            raise ValueError(f"DecoupledConfig: max_policy_lag must be an int >= 0 or None, got {lag!r}")
+        if self.missing_policy not in MISSING_POLICIES:
+            raise ValueError(f"DecoupledConfig: unknown missing_policy {self.missing_policy!r}; expected one of {MISSING_POLICIES}")
+
+    def min_policy_version(self, current_version: int) -> int:
+        """The oldest main ``policy_version`` still usable when the newest known is ``current_version``."""
+        return 0 if self.max_policy_lag is None else max(0, current_version - self.max_policy_lag)
+
+    @classmethod
+    def from_any(cls, config: Any) -> "DecoupledConfig":
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        if not isinstance(config, Mapping):
+            raise TypeError(f"DecoupledConfig: expected a mapping or a DecoupledConfig, got {type(config).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config.keys()) - known)
+        if unknown:
+            raise ValueError(f"DecoupledConfig: unknown setting(s) {unknown}; known settings are {sorted(known)}")
+        return cls(**{k: config[k] for k in config.keys()})
+
+
+def unique_ids(traj_ids: Iterable[str], what: str = "traj_ids") -> list[str]:
+    """The ids in first-seen order without repeats; a bare ``str`` is refused (it would iterate chars)."""
+    if isinstance(traj_ids, (str, bytes)):
+        raise TypeError(f"{what}: expected a collection of ids, got a single string {traj_ids!r}")
+    out = list(dict.fromkeys(traj_ids))
+    for t in out:
+        if not isinstance(t, str) or not t:
+            raise ValueError(f"{what}: ids must be non-empty str, got {t!r}")
+    return out
+
+
+def check_consumer(consumer: str) -> str:
+    if not isinstance(consumer, str) or not consumer:
+        raise ValueError(f"consumer must be a non-empty str, got {consumer!r}")
+    return consumer
+
+
+def check_step(step: int, name: str = "step") -> int:
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise ValueError(f"{name} must be an int, got {step!r}")
+    return int(step.__index__())
+
+
+def dedupe_batch(stats: Sequence[TrajectoryStat]) -> list[TrajectoryStat]:
+    """The batch without repeated records; two different records with one ``traj_id`` raise
+    :class:`ConflictError`."""
+    if isinstance(stats, TrajectoryStat):
+        raise TypeError("put: expected a sequence of TrajectoryStat, got a single TrajectoryStat")
+    by_id: dict[str, TrajectoryStat] = {}
+    conflicts = []
+    for s in stats:
+        if not isinstance(s, TrajectoryStat):
+            raise TypeError(f"put: expected TrajectoryStat records, got {type(s).__name__}")
+        seen = by_id.setdefault(s.traj_id, s)
+        if seen is not s and seen != s:
+            conflicts.append(s.traj_id)
+    if conflicts:
+        raise ConflictError(list(dict.fromkeys(conflicts)))
+    return list(by_id.values())
+
+
+class StatStore(abc.ABC):
+    """Shared store of :class:`TrajectoryStat` records (see the module docstring for the guarantees).
+
+    Subclasses implement the abstract methods; :meth:`wait_for_parents` polls :meth:`get`.
+    """
+
+    url: str = ""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._closed = False
+
+    # -------------------------------------------------------------------------------- records
+    @abc.abstractmethod
+    def put(self, stats: Sequence[TrajectoryStat]) -> int:
+        """Store the records, atomically, keyed by ``traj_id``.
+
+        Returns:
+            How many records were newly inserted (records already stored identically count 0).
+
+        Raises:
+            ConflictError: a record differs from the one stored under its ``traj_id`` (or from another
+                record of the batch with the same id); nothing of the batch is stored.
+        """
+
+    @abc.abstractmethod
+    def get(self, traj_ids: Iterable[str]) -> dict[str, TrajectoryStat]:
+        """The stored records among ``traj_ids`` (absent ids are left out)."""
+
+    @abc.abstractmethod
+    def main_scores(self, uids: Iterable[str]) -> dict[str, dict[str, TrajectoryStat]]:
+        """The main records (``parent_traj_id == ""``) of each query: uid -> traj_id -> record. Every uid
+        asked for is a key, with ``{}`` when none is stored yet."""
+
+    @abc.abstractmethod
+    def count(self) -> int:
+        """Number of records stored."""
+
+    # ------------------------------------------------------------------------------ consumers
+    @abc.abstractmethod
+    def mark_consumed(self, consumer: str, traj_ids: Iterable[str], step: int = 0) -> int:
+        """Record that ``consumer`` has used these trajectories (at its step ``step``).
+
+        Idempotent: the first mark of an id wins, a repeated mark is a no-op. Returns the number of
+        ids newly marked. Marks are per consumer (e.g. ``"sub:searcher"``).
+        """
+
+    @abc.abstractmethod
+    def consumed(self, consumer: str, traj_ids: Iterable[str]) -> set[str]:
+        """The ids among ``traj_ids`` that ``consumer`` has marked."""
+
+    @abc.abstractmethod
+    def release_consumed(self, consumer: str, after_step: int) -> int:
+        """Drop ``consumer``'s marks made at a step ``> after_step``; returns how many.
+
+        Call it when a consumer resumes from the checkpoint of step ``after_step``: the updates of
+        later steps were lost with the crash, so their trajectories must be usable again. With marks
+        made in the same step as the update, this gives exactly-once use across restarts whatever the
+        order of "save checkpoint" and "mark" within a step.
+        """
+
+    # ---------------------------------------------------------------------------------- waiting
+    def wait_for_parents(
+        self,
+        parent_traj_ids: Iterable[str],
+        min_policy_version: int = 0,
+        timeout_s: float = 0.0,
+        poll_s: float = 0.05,
+    ) -> WaitResult:
+        """Wait until every parent is stored (or ``timeout_s`` passed) and return what is usable.
+
+        Polls :meth:`get` for the ids still absent every ``poll_s`` seconds. A parent stored with
+        ``policy_version < min_policy_version`` is *stale*: records never change, so the wait does not
+        wait for it. Returns as soon as nothing is missing; never raises on time-out (the result lists
+        what is missing). ``timeout_s = 0`` looks once.
+        """
+        ids = unique_ids(parent_traj_ids, "parent_traj_ids")
+        min_policy_version = check_step(min_policy_version, "wait_for_parents: min_policy_version")
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s >= 0):
+            raise ValueError(f"wait_for_parents: timeout_s must be a finite number >= 0, got {timeout_s!r}")
+        if not (isinstance(poll_s, (int, float)) and math.isfinite(poll_s) and poll_s > 0):
+            raise ValueError(f"wait_for_parents: poll_s must be a finite number > 0, got {poll_s!r}")
+        start = time.monotonic()
+        deadline = start + timeout_s
+        found: dict[str, TrajectoryStat] = {}
+        stale: set[str] = set()
+        pending = ids
+        while True:
+            for tid, stat in self.get(pending).items():
+                if stat.policy_version >= min_policy_version:
+                    found[tid] = stat
+                else:
+                    stale.add(tid)
+            pending = [t for t in pending if t not in found and t not in stale]
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                break
+            time.sleep(min(poll_s, deadline - now))
+        return WaitResult(
+            found={t: found[t] for t in ids if t in found},
+            missing=pending,
+            stale=[t for t in ids if t in stale],
+            waited_s=time.monotonic() - start,
+        )
+
+    # ---------------------------------------------------------------------------------- lifecycle
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{type(self).__name__} {self.url!r} is closed")
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"{type(self).__name__} {self.url!r} was opened in process {self._pid} and used in process "
+                f"{os.getpid()}: open the store in each process (open_store(url))"
+            )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the connection; further use raises :class:`StoreClosedError`. Idempotent."""
+        self._closed = True
+
+    def __enter__(self) -> "StatStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}{', closed' if self._closed else ''})"
+
+
+def split_query(url: str, allowed: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """``url`` without its ``?query`` and the query's parameters; unknown names raise ``ValueError``."""
+    base, _, query = url.partition("?")
+    params = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"store url {url!r}: unknown parameter(s) {unknown}; known: {sorted(allowed)}")
+    return base, params
+
+
+def open_store(url: str) -> StatStore:
+    """Open (creating if needed) the store at ``url``.
+
+    - ``sqlite:///abs/path.db`` (absolute) or ``sqlite://relative/path.db`` (relative to the current
+      directory): :class:`mgrpo_verl.store.sqlite.SQLiteStatStore`, a file shared by the processes of
+      one machine (or of a file system with working POSIX locks). Parameters:
+      ``?synchronous=full|normal`` (default ``full``), ``busy_timeout_ms=30000``.
+    - ``redis://host:port/db`` (``rediss://`` with TLS):
+      :class:`mgrpo_verl.store.redis.RedisStatStore`. Parameter ``?prefix=mgrpo:`` (key namespace);
+      other query parameters go to ``redis.Redis.from_url``.
+    """
+    if not isinstance(url, str):
+        raise ValueError(f"open_store: url must be a str, got {type(url).__name__}")
+    if url.startswith("sqlite://"):
+        from mgrpo_verl.store.sqlite import SQLiteStatStore
+
+        return SQLiteStatStore.from_url(url)
+    if url.startswith(("redis://", "rediss://")):
+        from mgrpo_verl.store.redis import RedisStatStore
+
+        return RedisStatStore.from_url(url)
+    scheme = urlsplit(url).scheme or "(none)"
+    raise ValueError(
+        f"open_store: unsupported url {url!r} (scheme {scheme}); expected one of "
+        "sqlite:///abs/path.db, sqlite://relative/path.db, redis://host:port/db, rediss://host:port/db"
+    )

@@ -1,0 +1,189 @@
+"""Helpers for testing and benchmarking the statistics store: synthetic records, a throw-away local
+``redis-server``, and process entry points (importable, so ``multiprocessing`` with the ``spawn``
+start method can run them)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from mgrpo_verl.store.base import TrajectoryStat, open_store
+
+REDIS_INSTALL_HINT = "install it with `apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis`"
+
+
+# ------------------------------------------------------------------------------- synthetic records
+def synthetic_stats(
+    n_uids: int,
+    k: int = 4,
+    max_calls: int = 2,
+    sub_agents: Sequence[str] = ("sub",),
+    step: int = 0,
+    policy_version: int = 0,
+    prefix: str = "",
+    seed: int = 0,
+) -> list[TrajectoryStat]:
+    """Records of one step: ``n_uids`` queries × ``k`` main rollouts, each calling every sub-agent
+    0..``max_calls`` times. Deterministic in its arguments (a record with a given ``traj_id`` is always
+    the same), main records first in each rollout. Ids: ``{prefix}s{step}q{i}k{j}`` for mains,
+    ``...:{agent}{c}`` for sub calls."""
+    rng = random.Random(f"{seed}/{step}/{prefix}")
+    out = []
+    for q in range(n_uids):
+        uid = f"{prefix}s{step}q{q}"
+        for j in range(k):
+            main_id = f"{uid}k{j}"
+            out.append(TrajectoryStat(main_id, uid, "main", "", float(rng.randint(0, 4)) / 4, True, step, policy_version))
+            for agent in sub_agents:
+                for c in range(rng.randint(0, max_calls)):
+                    out.append(TrajectoryStat(
+                        f"{main_id}:{agent}{c}", uid, agent, main_id, round(rng.random(), 3),
+                        rng.random() < 0.9, step, policy_version,
+                    ))
+    return out
+
+
+def numbered_stats(start: int, stop: int, prefix: str = "t") -> list[TrajectoryStat]:
+    """Main records ``{prefix}{i}`` for ``start <= i < stop`` (uid ``u{i // 8}``), deterministic."""
+    return [TrajectoryStat(f"{prefix}{i}", f"u{i // 8}", "main", "", (i % 7) / 7.0, i % 3 != 0, i // 1000, 1) for i in range(start, stop)]
+
+
+# -------------------------------------------------------------------------------- process targets
+def put_batches(url: str, batches: Sequence[tuple[int, int]], prefix: str = "t", ready_path: str = "") -> int:
+    """Open the store at ``url`` and put :func:`numbered_stats` ``(start, stop)`` for each batch in
+    order; returns the total newly inserted. Writes ``ready_path`` (if given) once the store is open."""
+    with open_store(url) as store:
+        if ready_path:
+            Path(ready_path).write_text(str(os.getpid()))
+        return sum(store.put(numbered_stats(a, b, prefix)) for a, b in batches)
+
+
+def put_shuffled(url: str, ids: Sequence[int], batch: int, seed: int, prefix: str = "t", start_at: float = 0.0) -> int:
+    """Put :func:`numbered_stats` of ``ids`` in a seeded random order, ``batch`` at a time, starting at
+    wall-clock time ``start_at`` (so that several processes write at the same time)."""
+    order = list(ids)
+    random.Random(seed).shuffle(order)
+    inserted = 0
+    with open_store(url) as store:
+        time.sleep(max(0.0, start_at - time.time()))
+        for i in range(0, len(order), batch):
+            recs = [numbered_stats(j, j + 1, prefix)[0] for j in order[i:i + batch]]
+            inserted += store.put(recs)
+    return inserted
+
+
+def warm_up(seconds: float) -> int:
+    """Keeps a pool worker busy for ``seconds`` (so that each worker of a ``map`` gets one call and has
+    imported this module); returns its pid."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+# ---------------------------------------------------------------------------------- redis-server
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRedis:
+    """A ``redis-server`` on 127.0.0.1 with its data in ``directory`` (append-only file on by default),
+    for tests and benchmarks. ``start()`` again after ``stop()`` reuses the port and the data.
+
+    Args:
+        directory: the server's ``--dir`` (AOF, log).
+        appendonly: ``--appendonly yes|no``.
+        appendfsync: ``always``, ``everysec`` (Redis' default) or ``no``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, appendonly: bool = True, appendfsync: str = "everysec"):
+        binary = redis_server_binary()
+        if binary is None:
+            raise FileNotFoundError(f"redis-server is not installed: {REDIS_INSTALL_HINT}")
+        self.binary = binary
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 20.0) -> "LocalRedis":
+        fixed = self.port is not None
+        for _attempt in range(1 if fixed else 5):
+            port = self.port if fixed else free_port()
+            self.proc = subprocess.Popen(
+                [
+                    self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.directory),
+                    "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
+                    "--save", "", "--daemonize", "no", "--logfile", "redis.log",
+                ],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a ^C in the terminal goes to us, we stop the server
+            )
+            if self._wait_ready(port, timeout_s):
+                self.port = port
+                return self
+            self.proc.kill()
+            self.proc.wait()
+        log = self.directory / "redis.log"
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        raise RuntimeError(f"redis-server did not start on 127.0.0.1 (dir {self.directory}); log:\n{tail}")
+
+    def _wait_ready(self, port: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.02)
+        return False
+
+    def stop(self, how: str = "shutdown", timeout_s: float = 20.0) -> None:
+        """``shutdown``: the SHUTDOWN command (flushes the AOF); ``kill``: SIGKILL, a crash."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if how == "kill":
+            self.proc.send_signal(signal.SIGKILL)
+        elif how == "shutdown":
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=5.0) as s:
+                    s.sendall(b"SHUTDOWN\r\n")
+                    s.recv(64)
+            except OSError:
+                pass
+        else:
+            raise ValueError(f"LocalRedis.stop: how must be 'shutdown' or 'kill', got {how!r}")
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "LocalRedis":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop("kill")
