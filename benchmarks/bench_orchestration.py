@@ -119,40 +119,25 @@ def dataset_row(i: int, rollout_n: int = 8) -> dict[str, Any]:
     }
 
 
-def build_loop(agent_name: str, config, manager, tokenizer):
-    """One loop object, built as verl's ``AgentLoopWorker._run_agent_loop`` builds it (once per rollout)."""
-    import hydra
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
-
-    return hydra.utils.instantiate(
-        config=_agent_loop_registry[agent_name],
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=manager,
-        tokenizer=tokenizer,
-        processor=None,
-        hf_model_type="qwen2",
-        dataset_cls=None,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap([]),
-    )
-
-
 def construction_ms(agent_name: str, setup: dict, n: int = 200, repeats: int = 3) -> float:
     """CPU ms to build one loop object (best of ``repeats`` rounds of ``n``)."""
+    from mgrpo_verl.rollout.testing import build_agent_loop
+
     best = float("inf")
     for _ in range(repeats):
         start = time.process_time()
         for _ in range(n):
-            build_loop(agent_name, setup["config"], None, setup["tokenizer"])
+            build_agent_loop(agent_name, setup["config"], None, setup["tokenizer"])
         best = min(best, (time.process_time() - start) / n)
     return 1000 * best
 
 
 async def run_batch(agent_name: str, config, manager, tokenizer, rollouts: int) -> tuple[list[Any], float, float]:
     """``rollouts`` concurrent runs of agent loop ``agent_name``; (outputs, wall s, CPU s)."""
+    from mgrpo_verl.rollout.testing import build_agent_loop
 
     async def one(i: int):
-        loop = build_loop(agent_name, config, manager, tokenizer)
+        loop = build_agent_loop(agent_name, config, manager, tokenizer)
         return await loop.run(dict(SAMPLING), **dataset_row(i))
 
     cpu, wall = time.process_time(), time.perf_counter()

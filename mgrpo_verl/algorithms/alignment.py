@@ -194,12 +194,23 @@ def plan_batch_alignment(data: Any, d_max: DMax, seed: int) -> BatchAlignment:
     f = require_non_tensor(data, ("agent", "uid", "traj_id", "parent_traj_id"), who)
     require_tensor(data, ("response_mask",), who)
     parent_row = resolve_parents(f["traj_id"], f["parent_traj_id"], f["uid"], who)
+    return plan_resolved_alignment(parent_row, f["agent"], f["uid"], d_max, seed)
+
+
+def plan_resolved_alignment(parent_row: np.ndarray, agent: np.ndarray, uid: np.ndarray, d_max: DMax, seed: int) -> BatchAlignment:
+    """:func:`plan_batch_alignment` of rows whose hierarchy is already resolved.
+
+    Args:
+        parent_row: (N,) int64 from :func:`mgrpo_verl.algorithms.hierarchy.resolve_parents` (which also
+            checked that every sub row shares its parent's ``uid``), ``-1`` for main rows.
+        agent, uid: (N,) labels of the rows.
+    """
     main_rows, sub_rows = np.flatnonzero(parent_row < 0), np.flatnonzero(parent_row >= 0)
     position = np.empty(len(parent_row), dtype=np.int64)
     position[main_rows] = np.arange(len(main_rows))
-    agent_code, agent_names = factorize(f["agent"][sub_rows], sort=True)
-    # resolve_parents checked that a sub row's uid is its parent's, so main rows' codes suffice.
-    main_query, _ = factorize(f["uid"][main_rows])
+    agent_code, agent_names = factorize(agent[sub_rows], sort=True)
+    # a sub row's uid is its parent's, so main rows' codes suffice.
+    main_query, _ = factorize(uid[main_rows])
     parent = position[parent_row[sub_rows]]
     plan = plan_alignment(
         parent, agent_code, main_query[parent], main_query, len(agent_names), d_max, np.random.default_rng(seed)

@@ -20,6 +20,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from mgrpo_verl.envs.splits import write_splits
+
 DATA_SOURCE = "mgrpo_verl/echo"
 
 #: How many characters of the answer are scored.
@@ -64,13 +66,4 @@ def build_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
 
 def write_dataset(directory: str | Path, n_train: int = 256, n_val: int = 32, seed: int = 0) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` into ``directory`` (created); returns their paths."""
-    import pandas as pd
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, n in (("train", n_train), ("val", n_val)):
-        path = out / f"{split}.parquet"
-        pd.DataFrame(build_rows(n, seed, split)).to_parquet(path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(directory, lambda split, n: build_rows(n, seed, split), n_train, n_val)

@@ -34,14 +34,14 @@ agent's ``task`` argument and tells it to call ``read_secret``. Same scores as t
 
 from __future__ import annotations
 
-import random
-from pathlib import Path
 import importlib
 import importlib.util
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mgrpo_verl.envs import echo
+from mgrpo_verl.envs.splits import write_splits
 
 DATA_SOURCE = "mgrpo_verl/relay"
 
@@ -147,35 +147,15 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 def build_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
     """``n`` dataset rows in verl's RL layout plus ``agent_name`` (the loop verl runs for them)."""
-    rng = random.Random(f"{seed}-{split}")
-    rows = []
-    for i in range(n):
-        digit = str(rng.randrange(10))
-        rows.append(
-            {
-                "data_source": DATA_SOURCE,
-                "prompt": main_messages(),
-                "ability": "relay",
-                "reward_model": {"style": "rule", "ground_truth": digit},
-                "extra_info": {"split": split, "index": i},
-                "agent_name": AGENT_LOOP_NAME,
-            }
-        )
+    rows = echo.build_rows(n, seed, split)  # the same digits as the echo task for the same seed and split
+    for row in rows:
+        row.update(data_source=DATA_SOURCE, prompt=main_messages(), ability="relay", agent_name=AGENT_LOOP_NAME)
     return rows
 
 
 def write_dataset(directory: str | Path, n_train: int = 256, n_val: int = 32, seed: int = 0) -> tuple[Path, Path]:
     """Write ``train.parquet`` and ``val.parquet`` into ``directory`` (created); returns their paths."""
-    import pandas as pd
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, n in (("train", n_train), ("val", n_val)):
-        path = out / f"{split}.parquet"
-        pd.DataFrame(build_rows(n, seed, split)).to_parquet(path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(directory, lambda split, n: build_rows(n, seed, split), n_train, n_val)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -256,13 +236,4 @@ def write_tool_dataset(
 ) -> tuple[Path, Path]:
     """Write the tool variant's ``train.parquet`` and ``val.parquet`` into ``directory`` (created); returns
     their paths. ``sub`` is the sub-agent the main prompt names (``ask_<sub>``)."""
-    import pandas as pd
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, n in (("train", n_train), ("val", n_val)):
-        path = out / f"{split}.parquet"
-        pd.DataFrame(build_tool_rows(n, seed, split, sub)).to_parquet(path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return write_splits(directory, lambda split, n: build_tool_rows(n, seed, split, sub), n_train, n_val)

@@ -5,6 +5,9 @@
 (``verl/workers/engine_workers.py``) does on the naive checkpoint-engine path. Put it in a
 ``RayWorkerGroup`` and hand that to ``LLMServerManager`` / ``CheckpointEngineManager`` (backend
 ``naive``), and the replica, the server, the adapter and the weight sync run exactly as in training.
+
+:func:`build_agent_loop` builds an agent loop the way verl's agent-loop worker does, for tests and
+benchmarks that drive a loop with a fake server manager.
 """
 
 from __future__ import annotations
@@ -58,3 +61,23 @@ class ToyHybridWorker(Worker):
         )
         if free:
             await self.rollout.resume(tags=["kv_cache"])
+
+
+def build_agent_loop(agent_name: str, config: Any, server_manager: Any, tokenizer: Any, tools: Any = ()) -> Any:
+    """One loop object of the registered ``agent_name``, built as verl's ``AgentLoopWorker._run_agent_loop``
+    builds it (hydra ``instantiate`` of the registry entry, the trainer config wrapped in
+    ``DictConfigWrap``), with ``tools`` as its tool list."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry[agent_name],
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server_manager,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type="qwen2",
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(list(tools)),
+    )

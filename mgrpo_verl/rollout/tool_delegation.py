@@ -402,6 +402,23 @@ def _model_type(path: Optional[str]) -> Optional[str]:
 # the loop
 
 
+
+def _output_row(
+    output: AgentLoopOutput, generations: list, mgrpo: dict[str, Any], reward_extra_info: dict[str, Any], score: float
+) -> AgentLoopOutput:
+    """The row of one finished verl tool loop (main or sub): its tokens, our metadata and the main score."""
+    return _row(
+        list(output.prompt_ids),
+        list(output.response_ids),
+        list(output.response_mask),
+        _fit(output.response_logprobs, len(output.response_ids)),
+        num_turns=output.num_turns,
+        metrics=output.metrics,
+        extra_fields={**_merge_generation_fields(generations), "mgrpo": mgrpo, "reward_extra_info": reward_extra_info},
+        reward_score=score,
+    )
+
+
 @register(AGENT_LOOP_NAME)
 class ToolDelegationLoop(ToolAgentLoop):
     """The main agent's tool loop with ``ask_<sub>`` tools (see the module docstring)."""
@@ -661,41 +678,10 @@ class ToolDelegationLoop(ToolAgentLoop):
         for call in state.calls:  # in call order
             if call.output is None:  # failed or timed out: no row
                 continue
-            out = call.output
             sub_score = float(scorer("sub", call.report, ground_truth))
             meta = _mgrpo(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
-            rows.append(
-                _row(
-                    list(out.prompt_ids),
-                    list(out.response_ids),
-                    list(out.response_mask),
-                    _fit(out.response_logprobs, len(out.response_ids)),
-                    num_turns=out.num_turns,
-                    metrics=out.metrics,
-                    extra_fields={
-                        **_merge_generation_fields(call.generations),
-                        "mgrpo": meta,
-                        "reward_extra_info": dict(reward_extra_info),
-                    },
-                    reward_score=score,
-                )
-            )
+            rows.append(_output_row(call.output, call.generations, meta, dict(reward_extra_info), score))
         meta = _mgrpo(self.settings.base.main, main_id, "", score, started)
         meta.update(failed_calls=state.failed_calls, observation_truncated=state.observation_truncated)
-        rows.append(
-            _row(
-                list(output.prompt_ids),
-                list(output.response_ids),
-                list(output.response_mask),
-                _fit(output.response_logprobs, len(output.response_ids)),
-                num_turns=output.num_turns,
-                metrics=output.metrics,
-                extra_fields={
-                    **_merge_generation_fields(state.main.generations),
-                    "mgrpo": meta,
-                    "reward_extra_info": reward_extra_info,
-                },
-                reward_score=score,
-            )
-        )
+        rows.append(_output_row(output, state.main.generations, meta, reward_extra_info, score))
         return rows

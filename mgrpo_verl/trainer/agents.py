@@ -19,7 +19,7 @@ agree on ``<backend>_server_<offset + r>_0``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
@@ -97,4 +97,3 @@ class AgentRuntime:
     checkpoint: Any = None
     tokenizer: Any = None
     use_reference_policy: bool = False
-    replicas: int = field(default=0)

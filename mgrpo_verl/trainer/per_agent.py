@@ -28,10 +28,8 @@ import numpy as np
 import ray
 import torch
 from omegaconf import open_dict
-from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 
-from verl import DataProto
 from verl.checkpoint_engine import CheckpointEngineManager
 from verl.experimental.reward_loop import RewardLoopManager
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
@@ -43,7 +41,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
 from verl.workers.config import HFModelConfig
 
-from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_batch_alignment
+from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_resolved_alignment
 from mgrpo_verl.rollout.multi_client import MultiAgentLLMClient
 from mgrpo_verl.trainer.agents import (
     REPLICA_OFFSET_KEY,
@@ -120,20 +118,18 @@ class MultiAgentTrainer(PPOTrainer):
 
     def _agent_runtimes(self) -> dict[str, AgentRuntime]:
         ma = self.multi_agent
-        runtimes, offset = {}, 0
+        configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.model_owners}
+        offsets = ma.replica_offsets({name: _replica_count(cfg) for name, cfg in configs.items()})
+        runtimes = {}
         for spec in ma.model_owners:
-            cfg = agent_full_config(self.config, spec)
-            rollout = cfg.actor_rollout_ref.rollout
-            world = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+            cfg = configs[spec.name]
             with open_dict(cfg):
-                rollout.custom[REPLICA_OFFSET_KEY] = offset
-            offset += spec.n_gpus_per_node // world
-            plays = tuple(a.name for a in ma.agents if ma.owner_of(a.name) == spec.name)
+                cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[spec.name]
             runtimes[spec.name] = AgentRuntime(
                 name=spec.name,
                 trainable=spec.trainable,
                 config=cfg,
-                plays=plays,
+                plays=tuple(a.name for a in ma.agents if ma.owner_of(a.name) == spec.name),
                 tokenizer=omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig).tokenizer,
                 use_reference_policy=spec.trainable and need_reference_policy(cfg),
             )
@@ -209,7 +205,7 @@ class MultiAgentTrainer(PPOTrainer):
             write_row_values(list(batch.keys), batch.partition_id, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
             alignment = None
             if (~table.is_main).any():
-                alignment = plan_batch_alignment(_hierarchy(table), ma.d_max, seed=self.global_steps)
+                alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, ma.d_max, seed=self.global_steps)
             owner_of = {a.name: ma.owner_of(a.name) for a in ma.agents}
             updates = plan_update_sets(table, alignment, advantage, owner_of)
         metrics.update(_row_metrics(table, advantage, batch, alignment))
@@ -325,11 +321,11 @@ class MultiAgentTrainer(PPOTrainer):
         logger.info("Resumed from %s at global step %d", folder, self.global_steps)
 
 
-def _hierarchy(table: RowTable) -> DataProto:
-    """The fields ``plan_batch_alignment`` reads, as a ``DataProto``."""
-    non_tensor = {name: getattr(table, name) for name in ("agent", "uid", "traj_id", "parent_traj_id")}
-    batch = TensorDict({"response_mask": torch.ones(len(table), 1)}, batch_size=len(table))
-    return DataProto(batch=batch, non_tensor_batch=non_tensor)
+def _replica_count(config) -> int:
+    """Rollout replicas of one agent: its GPUs over the GPUs of one replica (verl's rule)."""
+    rollout = config.actor_rollout_ref.rollout
+    world = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    return config.trainer.n_gpus_per_node // world
 
 
 def _row_metrics(table: RowTable, advantage: np.ndarray, batch: KVBatchMeta, alignment) -> dict[str, float]:

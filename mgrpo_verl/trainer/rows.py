@@ -15,6 +15,7 @@ holds its parent's score until :func:`write_row_values` rewrites it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,6 @@ import torch
 
 from mgrpo_verl.algorithms.alignment import ORIGINAL, PADDING, BatchAlignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
-from mgrpo_verl.algorithms.grouping import factorize, group_mean_std
 from mgrpo_verl.algorithms.hierarchy import resolve_parents
 from mgrpo_verl.algorithms.mgrpo import mgrpo_scalar_advantage
 
@@ -113,14 +113,13 @@ def scalar_advantages(table: RowTable, algorithm: str, config: MGRPOConfig) -> n
     if algorithm != "grpo":
         raise ValueError(f"multi_agent.algorithm must be 'mgrpo' or 'grpo', got {algorithm!r}")
     main = np.flatnonzero(table.is_main)
-    group, uids = factorize(table.uid[main])
-    s = torch.from_numpy(table.score[main])
-    g = torch.from_numpy(group)
-    mean, std, _ = group_mean_std(s, g, len(uids))
-    centred = s - mean[g]
-    main_adv = (centred / (std[g] + config.epsilon) if config.norm_adv_by_std else centred).numpy()
+    # M-GRPO over main rows alone is GRPO over uid (ALGORITHMS.md, M-GRPO 6), normalised per group
+    main_adv, _ = mgrpo_scalar_advantage(
+        torch.from_numpy(table.score[main]), table.agent[main], table.uid[main], np.full(len(main), -1),
+        dataclasses.replace(config, norm_scope="group"),
+    )
     adv = np.empty(len(table), dtype=np.float64)
-    adv[main] = main_adv
+    adv[main] = main_adv.numpy()
     sub = np.flatnonzero(~table.is_main)
     adv[sub] = adv[table.parent_row[sub]]
     return adv
@@ -158,7 +157,7 @@ def plan_update_sets(
 
     Args:
         table: the step's real rows.
-        alignment: ``plan_batch_alignment`` of the same rows in the same order (``None``: no sub rows).
+        alignment: ``plan_resolved_alignment`` of the same rows in the same order (``None``: no sub rows).
         advantage: (N,) per-row advantages (:func:`scalar_advantages`).
         owner_of: agent name -> name of the model that plays it.
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-import hydra
 import pytest
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.utils import normalize_token_ids
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.replica import TokenOutput
@@ -25,6 +23,7 @@ from verl.workers.rollout.replica import TokenOutput
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rollout import delegation
 from mgrpo_verl.rollout.delegation import DelegationSettings
+from mgrpo_verl.rollout.testing import build_agent_loop
 
 DIGIT = "4"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -88,17 +87,7 @@ def _run(manager, tokenizer, config, digit=DIGIT, **row):
     """One ``run`` of a loop built as verl's worker builds it; returns the rows."""
 
     async def go():
-        loop = hydra.utils.instantiate(
-            config=_agent_loop_registry["mgrpo_relay"],
-            trainer_config=DictConfigWrap(config=config),
-            server_manager=manager,
-            tokenizer=tokenizer,
-            processor=None,
-            hf_model_type="qwen2",
-            dataset_cls=None,
-            data_config=DictConfigWrap(config.data),
-            tools=ToolListWrap([]),
-        )
+        loop = build_agent_loop("mgrpo_relay", config, manager, tokenizer)
         kwargs = {
             "raw_prompt": relay.main_messages(),
             "reward_model": {"style": "rule", "ground_truth": digit},

@@ -17,12 +17,11 @@ import asyncio
 import json
 import re
 
-import hydra
 import pytest
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
 
-from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 from verl.tools.function_tool import FunctionTool
 from verl.tools.schemas import OpenAIFunctionToolSchema
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
@@ -30,6 +29,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rollout import tool_delegation
+from mgrpo_verl.rollout.testing import build_agent_loop
 from mgrpo_verl.rollout.tool_delegation import ToolDelegationSettings
 
 DIGIT = "4"
@@ -148,17 +148,7 @@ def main_config(response_length=512, agents=None, max_parallel_calls=2, max_assi
 
 
 def build(manager, tokenizer, config, tools=()):
-    return hydra.utils.instantiate(
-        config=_agent_loop_registry[relay.TOOLS_AGENT_LOOP_NAME],
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=manager,
-        tokenizer=tokenizer,
-        processor=None,
-        hf_model_type="qwen2",
-        dataset_cls=None,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap(list(tools)),
-    )
+    return build_agent_loop(relay.TOOLS_AGENT_LOOP_NAME, config, manager, tokenizer, tools)
 
 
 def run(manager, tokenizer, config, digit=DIGIT, tools=(), **row):

@@ -13,13 +13,10 @@ import math
 
 import numpy as np
 import pytest
-import torch
-from tensordict import TensorDict
 
-from mgrpo_verl.algorithms.alignment import plan_batch_alignment
+from mgrpo_verl.algorithms.alignment import plan_resolved_alignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.trainer.rows import COPY_INDEX_BASE, RowTable, build_row_table, copy_keys, plan_update_sets, scalar_advantages
-from verl import DataProto
 
 
 def _meta(agent, traj, parent, score):
@@ -41,9 +38,8 @@ def table_of(rows) -> RowTable:
     return build_row_table(list(keys), list(uids), list(extra))
 
 
-def hierarchy(table: RowTable) -> DataProto:
-    nt = {n: getattr(table, n) for n in ("agent", "uid", "traj_id", "parent_traj_id")}
-    return DataProto(batch=TensorDict({"response_mask": torch.ones(len(table), 1)}, batch_size=len(table)), non_tensor_batch=nt)
+def plan(table: RowTable, d_max: int):
+    return plan_resolved_alignment(table.parent_row, table.agent, table.uid, d_max, seed=0)
 
 
 def test_row_table_resolves_parents_and_scores():
@@ -95,7 +91,7 @@ def test_orphan_sub_row_is_an_error():
 def test_update_sets_separate_models():
     t = table_of(ROWS)
     adv = scalar_advantages(t, "mgrpo", MGRPOConfig())
-    sets = plan_update_sets(t, plan_batch_alignment(hierarchy(t), 2, seed=0), adv, {"main": "main", "sub": "sub"})
+    sets = plan_update_sets(t, plan(t, 2), adv, {"main": "main", "sub": "sub"})
     main, sub = sets["main"], sets["sub"]
     assert main.source.tolist() == [2, 3] and not main.copy.any() and not main.zero.any()
     # main row 2 made both calls (kept as they are); main row 3 made none: two rows borrowed from
@@ -109,7 +105,7 @@ def test_update_sets_separate_models():
 def test_update_set_of_a_model_playing_two_agents_and_zero_rows():
     t = table_of(ROWS + ROWS_R)
     adv = scalar_advantages(t, "grpo", MGRPOConfig())
-    sets = plan_update_sets(t, plan_batch_alignment(hierarchy(t), 1, seed=0), adv, {"main": "main", "sub": "main"})
+    sets = plan_update_sets(t, plan(t, 1), adv, {"main": "main", "sub": "main"})
     assert list(sets) == ["main"]
     s = sets["main"]
     # 3 main rows, then one sub slot per main row (D_max = 1): row 2 keeps one of its two calls (the
@@ -124,13 +120,13 @@ def test_update_set_of_a_model_playing_two_agents_and_zero_rows():
 def test_unknown_agent_rows_are_an_error():
     t = table_of(ROWS)
     with pytest.raises(ValueError, match="not in multi_agent.agents"):
-        plan_update_sets(t, plan_batch_alignment(hierarchy(t), 2, seed=0), np.zeros(4), {"main": "main"})
+        plan_update_sets(t, plan(t, 2), np.zeros(4), {"main": "main"})
 
 
 def test_copy_keys_keep_uid_and_session_and_never_collide():
     t = table_of(ROWS)
     adv = np.zeros(len(t))
-    sub = plan_update_sets(t, plan_batch_alignment(hierarchy(t), 2, seed=0), adv, {"main": "main", "sub": "sub"})["sub"]
+    sub = plan_update_sets(t, plan(t, 2), adv, {"main": "main", "sub": "sub"})["sub"]
     taken = set(t.keys) | {f"q_1_{COPY_INDEX_BASE}"}  # pretend the first copy index is already used
     keys = copy_keys(t, sub, taken)
     assert keys == [f"q_1_{COPY_INDEX_BASE + 1}", f"q_1_{COPY_INDEX_BASE + 2}"]
