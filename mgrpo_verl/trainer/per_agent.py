@@ -245,6 +245,10 @@ class MultiAgentTrainer(PPOTrainer):
                 if rt.use_reference_policy:
                     with marked_timer(f"agent/{rt.name}/ref", timing_raw):
                         rows = self._compute_ref_log_prob(rows, metrics=agent_metrics)
+                # verl's old-log-prob step returns the rows with the field list of that moment, which lacks
+                # ref_log_prob (verl's own step refreshes it when it writes advantages, which we wrote
+                # earlier); None makes the update read every field of its rows
+                rows.fields = None
                 with marked_timer(f"agent/{rt.name}/update_actor", timing_raw):
                     self._update_actor(rows, metrics=agent_metrics)
             metrics.update({f"agent/{rt.name}/{k}": v for k, v in agent_metrics.items()})

@@ -33,6 +33,8 @@ def score(role, text, ground_truth):
 
 COMMON = (
     "trainer.test_freq=2",
+    # a KL loss against each model's own reference policy (the per-agent reference path)
+    "actor_rollout_ref.actor.use_kl_loss=true",
     # the sub-agent is a smaller architecture than the main agent (1 layer, width 32 vs 2 layers, 64)
     "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_small}",
     # every tiny model shares one tokenizer: the main agent's
@@ -75,6 +77,7 @@ def test_two_models_train_checkpoint_resume_frozen_and_single(main_ppo, tmp_path
             assert m[f"agent/{agent}/actor/grad_norm"] > 0  # the dense scorer gives a learning signal
             assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-3
             assert m[f"agent/{agent}/advantages/std"] > 0
+            assert math.isfinite(m[f"agent/{agent}/actor/kl_loss"])
     assert first.at(1)["agent/sub/calls_per_rollout/max"] <= 3
 
     # each agent has its own rollout server (replica ranks 0 and 1), and after every step each server
@@ -113,6 +116,7 @@ def test_two_models_train_checkpoint_resume_frozen_and_single(main_ppo, tmp_path
     assert frozen.returncode == 0, frozen.log[-6000:]
     m = frozen.at(1)
     assert "agent/main/actor/pg_loss" in m and not any(k.startswith("agent/sub/actor/") for k in m)
+    assert "agent/main/actor/kl_loss" in m
     assert m["agent/sub/rows"] > 0  # the frozen model still answers the main agent
     assert [s for s, _ in _synced(frozen.log, 1)] == [0]  # initial weights only
     assert [s for s, _ in _synced(frozen.log, 0)] == [0, 1]
