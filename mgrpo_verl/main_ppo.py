@@ -114,7 +114,8 @@ def run(config: DictConfig) -> dict[str, Any]:
     reward_key = TRAIN_REWARD
     if multi_agent_enabled(config):
         # every error in the multi_agent section surfaces here, before Ray starts
-        reward_key = f"agent/{parse_multi_agent(config).main}/score/mean"
+        ma = parse_multi_agent(config)
+        reward_key = f"agent/{ma.decoupled.train_agent if ma.decoupled.role == 'sub' else ma.main}/score/mean"
 
     metrics_file = Path(config.mgrpo_verl.metrics_file).absolute()
     metrics_file.parent.mkdir(parents=True, exist_ok=True)

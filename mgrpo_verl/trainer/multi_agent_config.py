@@ -13,6 +13,9 @@ sections reject unknown keys, so the multi-agent settings live in a section of t
       delegation: {sub_agent: null, min_calls: 0, max_calls: 3, plan_tokens: 8, answer_tokens: 8,
                    sub_response_tokens: 16, timeout_s: 120, scorer: null, sub_max_turns: 2,
                    sub_prompt: null}
+      decoupled: {role: null, train_agent: null, store: null, sub_urls: {}, serve_host: 127.0.0.1,
+                  serve_port: 8470, wait_timeout_s: 60, poll_s: 0.05, max_policy_lag: null,
+                  missing_policy: skip, idle_timeout_s: 900, connect_timeout_s: 900}
       agents:
         main: {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
         sub:  {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
@@ -41,6 +44,10 @@ What every key means, and why it exists:
 ``delegation``
     How the main agent delegates to a sub-agent in the built-in environments. See
     :class:`DelegationConfig`.
+``decoupled`` (default: ``role: null``, the synchronous mode)
+    Decoupled M-GRPO: this process is the ``main`` or the ``sub`` side, the other side runs elsewhere
+    and they exchange only statistics (docs/decoupled.md). See :class:`DecoupledSettings`; on a side,
+    only that side's models count against ``trainer.n_gpus_per_node``.
 ``agents`` (required, non-empty)
     The agents, a mapping keyed by name. Names must match ``[A-Za-z0-9_-]+`` because they become
     metric prefixes (``<agent>/actor/...``) and folder names (checkpoints per agent). Each entry:
@@ -92,11 +99,11 @@ from typing import Any, Optional, Union
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from mgrpo_verl.algorithms.config import MGRPOConfig
+from mgrpo_verl.algorithms.config import MAGRPOConfig, MGRPOConfig
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("mgrpo", "grpo")
+ALGORITHMS = ("mgrpo", "grpo", "magrpo")
 """Values of ``multi_agent.algorithm``."""
 
 TRAINER_MODE = "mgrpo"
@@ -189,6 +196,126 @@ class DelegationConfig:
 DELEGATION_KEYS = tuple(f.name for f in dataclasses.fields(DelegationConfig))
 """Keys of ``multi_agent.delegation``."""
 
+@dataclass(frozen=True)
+class CooperationConfig:
+    """``multi_agent.cooperation``: MAGRPO's cooperative rollout (agent loop ``magrpo_coop``). The tree's
+    width G and the joint mode are ``multi_agent.magrpo.num_generations`` / ``joint_mode``."""
+
+    num_turns: int = 1
+    """Turns of the joint-action tree (>= 1). Each turn after the first shows every agent the previous
+    turn's completions and the task's feedback (test results, a critique): the external transition."""
+
+    termination_threshold: Optional[float] = None
+    """A node whose joint reward reaches this is not expanded further (early termination); null: never."""
+
+    response_tokens: int = 64
+    """New tokens of one agent's completion (>= 1), also capped by its rollout ``response_length``."""
+
+    timeout_s: float = 120.0
+    """Seconds one generation may take; a failed or timed-out one is the empty completion, counted."""
+
+
+COOPERATION_KEYS = tuple(f.name for f in dataclasses.fields(CooperationConfig))
+"""Keys of ``multi_agent.cooperation``."""
+
+
+def parse_cooperation(section: Any) -> tuple[MAGRPOConfig, CooperationConfig]:
+    """``multi_agent.magrpo`` and ``multi_agent.cooperation`` of a ``multi_agent`` section, validated (the
+    cooperative loop reads them in its own process). ``num_generations`` is required (G > 0)."""
+    section = section or {}
+    try:
+        magrpo = MAGRPOConfig.from_any(section.get("magrpo") or None)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"multi_agent.magrpo: {err}") from None
+    if magrpo.num_generations is None:
+        raise ValueError(
+            "multi_agent.magrpo.num_generations must be set (G, the completions per agent at a node) for the "
+            "cooperative rollout"
+        )
+    raw = section.get("cooperation") or {}
+    path = "multi_agent.cooperation"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: expected a mapping, got {raw!r}")
+    _check_keys(raw, COOPERATION_KEYS, path)
+    defaults = CooperationConfig()
+    values = {k: (getattr(defaults, k) if raw.get(k) is None else raw[k]) for k in COOPERATION_KEYS}
+    values["termination_threshold"] = raw.get("termination_threshold")
+    for key in ("num_turns", "response_tokens"):
+        if not _is_int(values[key]) or values[key] < 1:
+            raise ValueError(f"{path}.{key} must be an int >= 1, got {values[key]!r}")
+    threshold = values["termination_threshold"]
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not math.isfinite(threshold)):
+        raise ValueError(f"{path}.termination_threshold must be null or a finite number, got {threshold!r}")
+    if not _positive(values["timeout_s"]) or not math.isfinite(values["timeout_s"]):
+        raise ValueError(f"{path}.timeout_s must be a finite number > 0, got {values['timeout_s']!r}")
+    return magrpo, CooperationConfig(**values)
+
+
+DECOUPLED_ROLES = ("main", "sub")
+"""Values of ``multi_agent.decoupled.role`` besides ``null`` (one process trains every agent)."""
+
+
+@dataclass(frozen=True)
+class DecoupledSettings:
+    """``multi_agent.decoupled``: decoupled M-GRPO, one trainer process per side (docs/decoupled.md).
+
+    Both sides run ``python -m mgrpo_verl.main_ppo`` with the same ``multi_agent`` section and a
+    different ``role``. The sub side trains one model and serves it to the main side over HTTP; the
+    main side trains the main agent's model and publishes one record per main trajectory (ids, uid,
+    score, format flag, step, version, the sub calls it used) to the store. No tensors cross.
+    """
+
+    role: Optional[str] = None
+    """``null``: one process trains every agent (the synchronous mode). ``main``: this process trains
+    the main agent's model and calls remote sub-agents. ``sub``: this process trains ``train_agent``'s
+    model and serves it."""
+
+    train_agent: Optional[str] = None
+    """``role: sub``: the model owner this process trains and serves (null: the owner of
+    ``delegation.sub_agent``)."""
+
+    store: Optional[str] = None
+    """URL of the statistics store both sides open (``sqlite:///abs/path.db`` on a filesystem both see,
+    or ``redis://host:port/db``); required with a role."""
+
+    sub_urls: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """``role: main``: sub-agent name -> base URL of the sub side serving it
+    (``http://host:port``); every sub-agent needs one."""
+
+    serve_host: str = "127.0.0.1"
+    """``role: sub``: address the delegation service listens on (``0.0.0.0`` for other machines)."""
+
+    serve_port: int = 8470
+    """``role: sub``: its TCP port."""
+
+    wait_timeout_s: float = 60.0
+    """``role: sub``: how long a sub row may wait for its parent's main score before
+    ``missing_policy`` applies to it (bounded, so a dead main side stalls nothing for long)."""
+
+    poll_s: float = 0.05
+    """``role: sub``: interval of the store polls (the hand-off latency's floor)."""
+
+    max_policy_lag: Optional[int] = None
+    """``role: sub``: a parent made by main weights more than this many versions older than the newest
+    parent of the step counts as missing (null: any)."""
+
+    missing_policy: str = "skip"
+    """``role: sub``: rows whose parent is missing or stale: ``skip`` (left out of the update, counted in
+    ``decoupled/missing_parent_rows`` / ``stale_parent_rows``) or ``error`` (raise)."""
+
+    idle_timeout_s: float = 900.0
+    """``role: sub``: a step that receives no delegation call for this long raises (the main side is
+    down or points elsewhere) instead of waiting for ever."""
+
+    connect_timeout_s: float = 900.0
+    """``role: main``: how long the main side waits at start for every sub side to answer ``/health``
+    (the sides may start in any order)."""
+
+
+DECOUPLED_KEYS = tuple(f.name for f in dataclasses.fields(DecoupledSettings))
+"""Keys of ``multi_agent.decoupled``."""
+
 
 @dataclass(frozen=True)
 class MultiAgentConfig:
@@ -211,6 +338,25 @@ class MultiAgentConfig:
 
     agents: tuple[AgentSpec, ...]
     """Every agent: the main agent first, then the others in config order."""
+
+    decoupled: DecoupledSettings = dataclasses.field(default_factory=DecoupledSettings)
+    """Decoupled M-GRPO settings (``role`` null: the synchronous mode)."""
+
+    magrpo: MAGRPOConfig = dataclasses.field(default_factory=MAGRPOConfig)
+    """MAGRPO estimator options (``algorithm: magrpo``; defaults otherwise)."""
+
+    cooperation: CooperationConfig = dataclasses.field(default_factory=CooperationConfig)
+    """The cooperative rollout's settings (``algorithm: magrpo``; defaults otherwise)."""
+
+    @property
+    def local_owners(self) -> tuple[AgentSpec, ...]:
+        """Model owners this process builds workers for: all of them in the synchronous mode, the main
+        agent's model on the main side, ``decoupled.train_agent`` on the sub side."""
+        role = self.decoupled.role
+        if role is None:
+            return self.model_owners
+        keep = self.owner_of(self.main) if role == "main" else self.decoupled.train_agent
+        return tuple(a for a in self.model_owners if a.name == keep)
 
     def agent(self, name: str) -> AgentSpec:
         """The agent called ``name``; ``ValueError`` naming the known agents if there is none."""
@@ -381,7 +527,11 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
             "config to parse; check multi_agent_enabled(config) first"
         )
     section = OmegaConf.select(config, "multi_agent")
-    _check_keys(section, ("enable", "main", "algorithm", "mgrpo", "d_max", "delegation", "agents"), "multi_agent")
+    _check_keys(
+        section,
+        ("enable", "main", "algorithm", "mgrpo", "d_max", "delegation", "agents", "decoupled", "magrpo", "cooperation"),
+        "multi_agent",
+    )
 
     def get(key: str, default: Any, resolve: bool = True) -> Any:
         if key not in section:
@@ -415,6 +565,22 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
     ordered = (specs[main],) + tuple(specs[n] for n in names if n != main)
     owners = [s for s in ordered if s.owns_model]
 
+    delegation = parse_delegation(get("delegation", {}), main, [s.name for s in ordered])
+    probe = MultiAgentConfig(main, "mgrpo", MGRPOConfig(), 1, delegation, ordered)
+    decoupled = parse_decoupled(get("decoupled", {}), probe)
+    if decoupled.role is not None:
+        probe = dataclasses.replace(probe, decoupled=decoupled)
+        owners = list(probe.local_owners)
+    if decoupled.role == "sub":
+        val_before = _select(config, "trainer.val_before_train")
+        test_freq = _select(config, "trainer.test_freq")
+        if val_before is not False or (_is_int(test_freq) and test_freq > 0):
+            raise ValueError(
+                f"multi_agent.decoupled.role is 'sub' but validation is on (trainer.val_before_train={val_before!r}, "
+                f"trainer.test_freq={test_freq!r}): the sub side samples no prompts of its own, the main side "
+                f"validates the whole system; set trainer.val_before_train=false trainer.test_freq=-1 on the sub side"
+            )
+
     total = OmegaConf.select(config, "trainer.n_gpus_per_node", default=None, throw_on_missing=False)
     used = sum(s.n_gpus_per_node for s in owners)
     if used > total:
@@ -422,6 +588,11 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         raise ValueError(
             f"multi_agent.agents.*.n_gpus_per_node: the agents with their own model need {used} GPUs in all "
             f"({shares}) but trainer.n_gpus_per_node is {total}"
+        )
+    if decoupled.role is not None and not owners[0].trainable:
+        raise ValueError(
+            f"multi_agent.decoupled.role is {decoupled.role!r} but the model it would train ({owners[0].name!r}) has "
+            f"trainable: false; a frozen model needs no trainer process of its own"
         )
     if not any(s.trainable for s in owners):
         raise ValueError(
@@ -437,14 +608,27 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         mgrpo = MGRPOConfig.from_any(get("mgrpo", None))
     except (TypeError, ValueError) as err:
         raise ValueError(f"multi_agent.mgrpo: {err}") from None
+    if decoupled.role is not None and algorithm != "mgrpo":
+        raise ValueError(
+            f"multi_agent.algorithm is {algorithm!r} but decoupled mode (multi_agent.decoupled.role) computes M-GRPO "
+            f"advantages only: the grpo baseline gives sub rows their parent's advantage, which needs one process"
+        )
+    magrpo, cooperation = MAGRPOConfig(), CooperationConfig()
+    if algorithm == "magrpo":
+        magrpo, cooperation = parse_cooperation(section)
+        n = _select(config, "actor_rollout_ref.rollout.n")
+        if n != 1:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.n is {n!r} but multi_agent.algorithm is magrpo: the cooperative rollout "
+                f"expands the whole joint-action tree of a task in one run (its width is multi_agent.magrpo."
+                f"num_generations); set actor_rollout_ref.rollout.n=1"
+            )
     d_max = get("d_max", "auto")
     if isinstance(d_max, str):
         if d_max != "auto":
             raise ValueError(f"multi_agent.d_max must be a positive int or 'auto', got {d_max!r}")
     elif not _is_int(d_max) or d_max < 1:
         raise ValueError(f"multi_agent.d_max must be a positive int (>= 1) or 'auto', got {d_max!r}")
-
-    delegation = parse_delegation(get("delegation", {}), main, [s.name for s in ordered])
 
     _check_unsupported(config)
     _check_agent_overrides(config, owners)
@@ -456,6 +640,9 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         d_max=d_max,
         delegation=delegation,
         agents=ordered,
+        decoupled=decoupled,
+        magrpo=magrpo,
+        cooperation=cooperation,
     )
 
 
@@ -613,6 +800,80 @@ def parse_delegation(raw: Any, main: str, agent_names: list[str]) -> DelegationC
     values["sub_agent"] = sub_agent
     values["timeout_s"] = float(timeout)
     return DelegationConfig(**values)
+
+
+def parse_decoupled(raw: Any, ma: MultiAgentConfig) -> DecoupledSettings:
+    """Validate ``multi_agent.decoupled`` against the agents of ``ma`` (its own ``decoupled`` unused)."""
+    path = "multi_agent.decoupled"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: expected a mapping, got {raw!r}")
+    _check_keys(raw, DECOUPLED_KEYS, path)
+    defaults = DecoupledSettings()
+    values = {k: (getattr(defaults, k) if raw.get(k) is None else raw[k]) for k in DECOUPLED_KEYS}
+    role = values["role"]
+    if role is not None and role not in DECOUPLED_ROLES:
+        raise ValueError(f"{path}.role must be null, 'main' or 'sub', got {role!r}")
+    for key in ("wait_timeout_s", "poll_s", "idle_timeout_s", "connect_timeout_s"):
+        value = values[key]
+        if not _positive(value) or not math.isfinite(value):
+            raise ValueError(f"{path}.{key} must be a finite number > 0, got {value!r}")
+        values[key] = float(value)
+    lag = values["max_policy_lag"]
+    if lag is not None and (not _is_int(lag) or lag < 0):
+        raise ValueError(f"{path}.max_policy_lag must be null or an int >= 0, got {lag!r}")
+    if values["missing_policy"] not in ("skip", "error"):
+        hint = (
+            " ('zero' keeps an orphan row in the batch with advantage 0, which needs its query's main records to "
+            "place it among the aligned rows; the sub-side trainer does not support it, mgrpo_verl.store."
+            "sub_advantages does)" if values["missing_policy"] == "zero" else ""
+        )
+        raise ValueError(f"{path}.missing_policy must be 'skip' or 'error', got {values['missing_policy']!r}{hint}")
+    port = values["serve_port"]
+    if not _is_int(port) or not 1 <= port <= 65535:
+        raise ValueError(f"{path}.serve_port must be a TCP port (1-65535), got {port!r}")
+    if not isinstance(values["serve_host"], str) or not values["serve_host"]:
+        raise ValueError(f"{path}.serve_host must be a non-empty host name or address, got {values['serve_host']!r}")
+    urls = values["sub_urls"]
+    if not isinstance(urls, Mapping):
+        raise ValueError(f"{path}.sub_urls must map sub-agent names to URLs, got {urls!r}")
+    urls = {str(k): v for k, v in urls.items() if v is not None}  # null: not set (the YAML lists the default agent)
+    for name, url in urls.items():
+        if name not in ma.sub_agents:
+            raise ValueError(f"{path}.sub_urls: {name!r} is not a sub-agent; sub-agents are {list(ma.sub_agents)}")
+        if not isinstance(url, str) or not re.fullmatch(r"https?://[^/\s]+/?", url):
+            raise ValueError(f"{path}.sub_urls.{name} must be a base URL such as http://host:8470, got {url!r}")
+    values["sub_urls"] = {k: v.rstrip("/") for k, v in urls.items()}
+    if role is None:
+        return DecoupledSettings(**values)
+
+    store = values["store"]
+    if not isinstance(store, str) or not re.match(r"(sqlite|redis|rediss)://", store):
+        raise ValueError(
+            f"{path}.store must be the store's URL (sqlite:///abs/path.db or redis://host:port/db) when role is "
+            f"{role!r}, got {store!r}"
+        )
+    if role == "main":
+        remote = [a for a in ma.sub_agents if ma.owner_of(a) != ma.owner_of(ma.main)]
+        missing = [a for a in remote if a not in values["sub_urls"]]
+        if missing:
+            raise ValueError(
+                f"{path}.sub_urls has no URL for sub-agent(s) {missing}: on the main side every sub-agent with a "
+                f"model of its own is served by a sub side (set {path}.sub_urls.<agent>=http://host:port)"
+            )
+        if not remote:
+            raise ValueError(f"{path}.role is 'main' but every agent plays the main agent's model: nothing to decouple")
+    else:
+        train = values["train_agent"]
+        if train is None:
+            train = ma.owner_of(ma.delegation.sub_agent)
+        owners = [a.name for a in ma.model_owners]
+        if train not in owners or train == ma.owner_of(ma.main):
+            raise ValueError(
+                f"{path}.train_agent must name a sub-agent with a model of its own, got {train!r}; candidates are "
+                f"{[o for o in owners if o != ma.owner_of(ma.main)]}"
+            )
+        values["train_agent"] = train
+    return DecoupledSettings(**values)
 
 
 def _rollout_correction_active(value: Any) -> bool:

@@ -79,6 +79,17 @@ class MultiAgentTrainer(PPOTrainer):
     def trainer_mode(self, value: str) -> None:  # the base __init__ assigns the configured name
         pass
 
+    def __new__(cls, config):
+        """``multi_agent.decoupled.role`` picks the class: ``main`` / ``sub`` are the two sides of decoupled
+        M-GRPO (:mod:`mgrpo_verl.trainer.decoupled`), each its own process; null is this class."""
+        if cls is MultiAgentTrainer:
+            role = parse_multi_agent(config).decoupled.role
+            if role is not None:
+                from mgrpo_verl.trainer.decoupled import DecoupledMainTrainer, DecoupledSubTrainer
+
+                cls = DecoupledMainTrainer if role == "main" else DecoupledSubTrainer
+        return super().__new__(cls)
+
     def __init__(self, config):
         self.multi_agent = parse_multi_agent(config)
         super().__init__(config)
@@ -108,7 +119,7 @@ class MultiAgentTrainer(PPOTrainer):
             rt.checkpoint = CheckpointEngineManager(
                 config=ce_config, actor_wg=rt.worker_group, replicas=rt.llm.get_replicas()
             )
-        main = self.agents[self.multi_agent.owner_of(self.multi_agent.main)]
+        main = self.agents.get(self.multi_agent.owner_of(self.multi_agent.main)) or next(iter(self.agents.values()))
         # verl's untouched paths (validation with a colocated reward model, profiling) see the main model
         self.actor_rollout_wg = self.ref_policy_wg = main.worker_group
         self.llm_server_manager, self.checkpoint_manager = main.llm, main.checkpoint
@@ -118,10 +129,10 @@ class MultiAgentTrainer(PPOTrainer):
 
     def _agent_runtimes(self) -> dict[str, AgentRuntime]:
         ma = self.multi_agent
-        configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.model_owners}
-        offsets = ma.replica_offsets({name: _replica_count(cfg) for name, cfg in configs.items()})
+        configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.local_owners}
+        offsets = ma.replica_offsets({s.name: _replica_count(configs[s.name]) if s.name in configs else 0 for s in ma.model_owners})
         runtimes = {}
-        for spec in ma.model_owners:
+        for spec in ma.local_owners:
             cfg = configs[spec.name]
             with open_dict(cfg):
                 cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[spec.name]
@@ -201,17 +212,33 @@ class MultiAgentTrainer(PPOTrainer):
 
         with marked_timer("adv", timing_raw, color="brown"):
             table = read_row_table(batch)
-            advantage = scalar_advantages(table, ma.algorithm, ma.mgrpo)
+            advantage = scalar_advantages(table, ma.algorithm, ma.magrpo if ma.algorithm == "magrpo" else ma.mgrpo)
             write_row_values(list(batch.keys), batch.partition_id, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
-            alignment = None
-            if (~table.is_main).any():
-                alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, ma.d_max, seed=self.global_steps)
-            owner_of = {a.name: ma.owner_of(a.name) for a in ma.agents}
-            updates = plan_update_sets(table, alignment, advantage, owner_of)
-        metrics.update(_row_metrics(table, advantage, batch, alignment))
+            self.on_advantages(table, batch)
+            alignment, updates = self._plan_updates(table, advantage)
+        metrics.update(_row_metrics(table, advantage, batch.tags, alignment))
+        keys, tags = self._train_models(batch, table, updates, metrics, timing_raw)
+        return KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=tags)
 
+    def on_advantages(self, table: RowTable, batch: KVBatchMeta) -> None:
+        """Called once the step's advantages are computed and written, before any model trains."""
+        return
+
+    def _plan_updates(self, table: RowTable, advantage: np.ndarray):
+        """(alignment or None, model name -> :class:`~mgrpo_verl.trainer.rows.UpdateSet`) of the step."""
+        ma = self.multi_agent
+        alignment = None
+        if (~table.is_main).any():
+            alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, ma.d_max, seed=self.global_steps)
+        owner_of = {a.name: ma.owner_of(a.name) for a in ma.agents}
+        return alignment, plan_update_sets(table, alignment, advantage, owner_of)
+
+    def _train_models(self, batch: KVBatchMeta, table: RowTable, updates: dict, metrics: dict, timing_raw: dict):
+        """Each local trainable model's update on its rows (aligned copies written first), with verl's own
+        balance / old-log-prob / reference / actor-update methods. ``batch`` holds the step's real rows in
+        TransferQueue. Returns every key and tag the step wrote (real rows, copies, verl's padding)."""
         keys, tags = list(batch.keys), list(batch.tags)
-        taken = set(keys)
+        taken = set(keys) | set(table.keys)
         for rt in self._trainable():
             update = updates.get(rt.name)
             if update is None or not len(update):
@@ -253,7 +280,7 @@ class MultiAgentTrainer(PPOTrainer):
                     self._update_actor(rows, metrics=agent_metrics)
             metrics.update({f"agent/{rt.name}/{k}": v for k, v in agent_metrics.items()})
             metrics[f"agent/{rt.name}/update_rows"] = float(len(update))
-        return KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=tags)
+        return keys, tags
 
     @contextmanager
     def _as_agent(self, rt: AgentRuntime) -> Iterator[None]:
@@ -332,9 +359,10 @@ def _replica_count(config) -> int:
     return config.trainer.n_gpus_per_node // world
 
 
-def _row_metrics(table: RowTable, advantage: np.ndarray, batch: KVBatchMeta, alignment) -> dict[str, float]:
-    """Per-agent statistics of the real rows, and the alignment counts per sub-agent."""
-    response_len = np.array([tag.get("response_len", 0) for tag in batch.tags], dtype=np.float64)
+def _row_metrics(table: RowTable, advantage: np.ndarray, tags: list[dict], alignment) -> dict[str, float]:
+    """Per-agent statistics of the real rows (``tags``: TransferQueue tag of each table row), and the
+    alignment counts per sub-agent."""
+    response_len = np.array([tag.get("response_len", 0) for tag in tags], dtype=np.float64)
     out: dict[str, float] = {}
     main = np.flatnonzero(table.is_main)
     for name in np.unique(table.agent):

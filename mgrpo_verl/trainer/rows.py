@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +27,14 @@ import torch
 from mgrpo_verl.algorithms.alignment import ORIGINAL, PADDING, BatchAlignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.algorithms.hierarchy import resolve_parents
+from mgrpo_verl.algorithms.magrpo import magrpo_row_advantage
 from mgrpo_verl.algorithms.mgrpo import mgrpo_scalar_advantage
 
 #: Key of our metadata in a row's ``extra_fields``.
 ROW_META = "mgrpo"
+
+#: Key of a MAGRPO row's place in its joint-action tree (``node_id``, ``parent_node_id``, ``turn``).
+NODE_META = "magrpo"
 
 #: Index of the first aligned copy in a key ``{uid}_{session}_{index}``; agent-loop outputs use 0.. so
 #: copies never collide with real rows, and verl's ``rsplit("_", 2)`` + ``int`` parsing still works.
@@ -53,6 +58,9 @@ class RowTable:
     parent_traj_id: np.ndarray
     score: np.ndarray
     parent_row: np.ndarray
+    nodes: dict[str, np.ndarray] | None = None
+    """MAGRPO rows (``extra_fields["magrpo"]`` on every row): ``node_id``, ``parent_node_id``, ``turn``
+    arrays; ``None`` otherwise."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -96,7 +104,78 @@ def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -
         parent_traj_id=np.array([str(m["parent_traj_id"]) for m in metas], dtype=object),
     )
     parent_row = resolve_parents(table["traj_id"], table["parent_traj_id"], table["uid"], "multi-agent step")
-    return RowTable(**table, score=score, parent_row=parent_row)
+    nodes = None
+    trees = [extra.get(NODE_META) for extra in extra_fields]
+    if any(t is not None for t in trees):
+        if not all(isinstance(t, dict) and {"node_id", "parent_node_id", "turn"} <= set(t) for t in trees):
+            bad = [k for k, t in zip(keys, trees) if not isinstance(t, dict)][:5]
+            raise ValueError(f"row table: some rows carry extra_fields[{NODE_META!r}] and others do not (e.g. {bad})")
+        nodes = {name: np.array([t[name] for t in trees], dtype=object) for name in ("node_id", "parent_node_id", "turn")}
+    return RowTable(**table, score=score, parent_row=parent_row, nodes=nodes)
+
+
+def decoupled_sub_table(sub_rows: list[Any], mains: Mapping[str, Mapping[str, Any]]) -> RowTable:
+    """The :class:`RowTable` a sub side of decoupled M-GRPO trains from: the synchronous table of the same
+    rollouts, rebuilt from what crossed the store.
+
+    Args:
+        sub_rows: the sub side's own rows, objects with ``key``, ``traj_id``, ``parent_traj_id``, ``uid``,
+            ``agent`` and ``score`` (e.g. :class:`mgrpo_verl.rollout.sub_service.PendingRow`).
+        mains: uid -> traj_id -> main record (:class:`mgrpo_verl.store.TrajectoryStat`, ``extra["session"]``
+            = the main trajectory's session) for every uid of ``sub_rows``: all main trajectories of
+            the query, those that made no call included, as ``StatStore.main_scores`` returns them.
+
+    Rows: the main trajectories (uid by uid, by session; keys ``{uid}_{session}_0``, which name no
+    TransferQueue row here: they only anchor the hierarchy and the aligned copies' keys), then the sub
+    rows sorted by (uid, parent, traj_id), so that the result does not depend on arrival order.
+    With these rows, :func:`scalar_advantages`, ``plan_resolved_alignment`` and :func:`plan_update_sets`
+    give the sub rows what the synchronous trainer gives them.
+
+    Raises:
+        ValueError: a main record without an int ``extra["session"]``, a sub row whose parent is not
+            among ``mains[uid]``, or a broken hierarchy (``resolve_parents``).
+    """
+    uids = sorted({str(r.uid) for r in sub_rows})
+    keys, agent, uid_col, traj, parent, score = [], [], [], [], [], []
+    for uid in uids:
+        group = mains.get(uid) or {}
+        for record in sorted(group.values(), key=lambda m: (_session_of(m), m.traj_id)):
+            keys.append(f"{uid}_{_session_of(record)}_0")
+            agent.append(record.agent)
+            uid_col.append(uid)
+            traj.append(record.traj_id)
+            parent.append("")
+            score.append(record.score)
+    known = set(traj)
+    orphans = [r.traj_id for r in sub_rows if r.parent_traj_id not in known]
+    if orphans:
+        raise ValueError(f"decoupled sub table: sub rows {orphans[:5]} have no main record among their uid's")
+    for r in sorted(sub_rows, key=lambda r: (str(r.uid), r.parent_traj_id, r.traj_id)):
+        keys.append(r.key)
+        agent.append(r.agent)
+        uid_col.append(str(r.uid))
+        traj.append(r.traj_id)
+        parent.append(r.parent_traj_id)
+        score.append(float(r.score))
+    table = dict(
+        keys=np.array(keys, dtype=object),
+        agent=np.array(agent, dtype=object),
+        uid=np.array(uid_col, dtype=object),
+        traj_id=np.array(traj, dtype=object),
+        parent_traj_id=np.array(parent, dtype=object),
+    )
+    score_arr = np.array(score, dtype=np.float64)
+    if not np.isfinite(score_arr).all():
+        raise ValueError("decoupled sub table: non-finite score")
+    parent_row = resolve_parents(table["traj_id"], table["parent_traj_id"], table["uid"], "decoupled sub step")
+    return RowTable(**table, score=score_arr, parent_row=parent_row)
+
+
+def _session_of(record: Any) -> int:
+    session = (record.extra or {}).get("session")
+    if isinstance(session, bool) or not isinstance(session, int):
+        raise ValueError(f"main record {record.traj_id!r} has no int extra['session'] (got {session!r})")
+    return session
 
 
 def scalar_advantages(table: RowTable, algorithm: str, config: MGRPOConfig) -> np.ndarray:
@@ -106,12 +185,23 @@ def scalar_advantages(table: RowTable, algorithm: str, config: MGRPOConfig) -> n
       (agent, ``uid``) with the hierarchical score ``w_local·own + w_main·parent``.
     - ``grpo`` (single-agent baseline): verl's GRPO over the main rows' scores grouped by ``uid``; every
       sub row takes its parent's advantage, i.e. the whole rollout is one episode with one outcome.
+    - ``magrpo``: MAGRPO (``magrpo_row_advantage``, ``config`` a ``MAGRPOConfig``): each row gets its
+      joint-action node's return minus the siblings' baseline.
     """
     if algorithm == "mgrpo":
         adv, _ = mgrpo_scalar_advantage(torch.from_numpy(table.score), table.agent, table.uid, table.parent_row, config)
         return adv.numpy()
+    if algorithm == "magrpo":
+        if table.nodes is None:
+            raise ValueError(
+                f"multi_agent.algorithm is magrpo but the rows carry no extra_fields[{NODE_META!r}]: they were not "
+                f"produced by the cooperative loop (set the dataset's agent_name or default_agent_loop to magrpo_coop)"
+            )
+        fields = {"agent": table.agent, "uid": table.uid, **table.nodes}
+        adv, _ = magrpo_row_advantage(torch.from_numpy(table.score), fields, config, "magrpo step")
+        return adv.numpy()
     if algorithm != "grpo":
-        raise ValueError(f"multi_agent.algorithm must be 'mgrpo' or 'grpo', got {algorithm!r}")
+        raise ValueError(f"multi_agent.algorithm must be 'mgrpo', 'grpo' or 'magrpo', got {algorithm!r}")
     main = np.flatnonzero(table.is_main)
     # M-GRPO over main rows alone is GRPO over uid (ALGORITHMS.md, M-GRPO 6), normalised per group
     main_adv, _ = mgrpo_scalar_advantage(

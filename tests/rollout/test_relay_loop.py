@@ -22,7 +22,8 @@ from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rollout import delegation
-from mgrpo_verl.rollout.delegation import DelegationSettings
+from mgrpo_verl.rollout.delegation import SUB_CALL_LOOP_NAME, DelegationSettings
+from mgrpo_verl.rollout.remote_sub import RemoteCallError, RemoteSubAgent, SubCallReply
 from mgrpo_verl.rollout.testing import build_agent_loop
 
 DIGIT = "4"
@@ -347,3 +348,91 @@ def test_settings_defaults_and_sub_agent_resolution():
     # d over all plans stays in [min_calls, max_calls] and takes every value
     settings = DelegationSettings(min_calls=1, max_calls=3)
     assert {settings.num_calls(list(p)) for p in itertools.product(range(20, 30), repeat=2)} == {1, 2, 3}
+
+
+# ------------------------------------------------------- decoupled mode: remote sub-agent (both sides)
+
+
+class FakeRemote(RemoteSubAgent):
+    """A remote sub-agent answering from a script: text, an exception, or ("sleep", s, text)."""
+
+    def __init__(self, script):
+        super().__init__("sub", "http://sub.invalid", 5.0)
+        self.script, self.requests = list(script), []
+
+    async def call(self, req):
+        self.requests.append(req)
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        if isinstance(step, tuple):
+            await asyncio.sleep(step[1])
+            step = step[2]
+        return SubCallReply(req.traj_id, step, 3, 1)
+
+
+class RemoteManager(FakeAgent):
+    def __init__(self, script, remote):
+        super().__init__(script)
+        self.remote = remote
+
+    def for_agent(self, name):
+        assert name == "sub"
+        return self.remote
+
+
+def _run_main(manager, tokenizer, config):
+    async def go():
+        loop = build_agent_loop("mgrpo_relay", config, manager, tokenizer)
+        kwargs = {"raw_prompt": relay.main_messages(), "reward_model": {"ground_truth": DIGIT}, "uid": "u1",
+                  "session_id": 2, "global_steps": 6}
+        return await loop.run(dict(SAMPLING), **kwargs)
+
+    return asyncio.run(go())
+
+
+def test_main_side_loop_calls_remote_and_returns_the_main_row_only(tokenizer):
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    plan_ids = _ids(tokenizer, "76") + [im_end]  # 51 % 4 = 3 calls
+    remote = FakeRemote(["44", RemoteCallError("gone"), ("sleep", 2.0, "9")])
+    main = RemoteManager([(plan_ids, None), (_ids(tokenizer, "4"), None)], remote)
+    rows = _run_main(main, tokenizer, _config(response_length=256, timeout_s=0.5))
+
+    assert len(rows) == 1  # the sub side keeps its rows
+    meta = rows[0].extra_fields["mgrpo"]
+    assert meta["traj_id"] == "u1/2/main" and meta["session"] == 2 and meta["calls"] == 3
+    assert meta["sub_calls"] == ["u1/2/sub/0"]  # only the answer the main agent saw
+    assert meta["failed_calls"] == 2
+    text = tokenizer.decode(rows[0].response_ids)
+    assert "Helper said: 44 | <error: RemoteCallError: gone> | <error: timed out after 0.5s>" in text
+    # answer "4" is the digit: 1 point of 8 -> 0.125
+    assert meta["score"] == pytest.approx(1 / 8)
+    plan_text = tokenizer.decode(plan_ids, skip_special_tokens=True)
+    first = remote.requests[0]
+    assert first.messages == relay.sub_messages(DIGIT, plan_text)
+    assert (first.agent, first.agent_loop, first.uid, first.session, first.main_step) == ("sub", SUB_CALL_LOOP_NAME, "u1", 2, 6)
+    assert [r.traj_id for r in remote.requests] == ["u1/2/sub/0", "u1/2/sub/1", "u1/2/sub/2"]
+    assert {r.parent_traj_id for r in remote.requests} == {"u1/2/main"} and first.ground_truth == DIGIT
+
+
+def test_sub_side_loop_is_the_synchronous_call(tokenizer):
+    """The sub side's loop builds the same prompt ids as the synchronous loop's call and scores the same."""
+    plan_text = "76"
+    messages = relay.sub_messages(DIGIT, plan_text)
+    server = FakeAgent([(_ids(tokenizer, "4x"), [-0.5, -0.25])], steps=4)
+
+    async def go():
+        loop = build_agent_loop(SUB_CALL_LOOP_NAME, _config(sub_response_tokens=5), server, tokenizer)
+        return await loop.run(dict(SAMPLING), raw_prompt=messages, reward_model={"ground_truth": DIGIT},
+                              mgrpo_call={"agent": "sub", "traj_id": "u1/2/sub/0", "parent_traj_id": "u1/2/main"})
+
+    (row,) = asyncio.run(go())
+    assert row.prompt_ids == _chat_ids(tokenizer, messages)[-64:]
+    assert server.calls[0]["params"]["max_tokens"] == 5
+    assert row.response_ids == _ids(tokenizer, "4x") and row.response_mask == [1, 1]
+    assert row.response_logprobs == [-0.5, -0.25]
+    meta = row.extra_fields["mgrpo"]
+    # "4x": the right digit (1 point) over 8 characters -> 0.125
+    assert (meta["agent"], meta["traj_id"], meta["parent_traj_id"]) == ("sub", "u1/2/sub/0", "u1/2/main")
+    assert meta["score"] == pytest.approx(relay.default_scorer("sub", "4x", DIGIT)) == row.reward_score
+    assert row.extra_fields["min_global_steps"] == 4

@@ -13,6 +13,7 @@ from omegaconf.errors import ReadonlyConfigError
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.trainer.multi_agent_config import (
     AgentSpec,
+    DecoupledSettings,
     DelegationConfig,
     MultiAgentConfig,
     agent_full_config,
@@ -471,3 +472,81 @@ def test_sharing_agent_overrides_are_dropped_with_a_warning(caplog):
         parsed = parse_multi_agent(config)
     assert parsed.agent("sub").actor_rollout_ref == {}
     assert "multi_agent.agents.sub.actor_rollout_ref is ignored" in caplog.text
+
+
+# ------------------------------------------------------------------- multi_agent.decoupled (decoupled M-GRPO)
+
+STORE = "sqlite:////tmp/run/stats.db"
+SUB_URL = {"sub": "http://127.0.0.1:8470"}
+
+
+def side(role, trainer=None, **decoupled):
+    section = {"role": role, "store": STORE, **decoupled}
+    if role == "main":
+        section.setdefault("sub_urls", SUB_URL)
+    t = {"n_gpus_per_node": 1}
+    if role == "sub":
+        t.update(val_before_train=False, test_freq=-1)
+    return base_config(multi_agent={"decoupled": section}, trainer={**t, **(trainer or {})})
+
+
+def test_default_is_the_synchronous_mode():
+    ma = parse_multi_agent(base_config())
+    assert ma.decoupled == DecoupledSettings()
+    assert [a.name for a in ma.local_owners] == ["main", "sub"]
+
+
+def test_main_side():
+    ma = parse_multi_agent(side("main", sub_urls={"sub": "http://10.0.0.2:9000/"}))
+    assert ma.decoupled.role == "main" and ma.decoupled.store == STORE
+    assert ma.decoupled.sub_urls == {"sub": "http://10.0.0.2:9000"}  # trailing slash dropped
+    assert [a.name for a in ma.local_owners] == ["main"]  # one GPU is enough: only the main model is here
+
+
+def test_sub_side_defaults_to_the_delegation_target():
+    ma = parse_multi_agent(side("sub", serve_port=9001, wait_timeout_s=5, max_policy_lag=1))
+    d = ma.decoupled
+    assert (d.role, d.train_agent, d.serve_port, d.wait_timeout_s, d.max_policy_lag) == ("sub", "sub", 9001, 5.0, 1)
+    assert [a.name for a in ma.local_owners] == ["sub"]
+
+
+def test_null_urls_are_unset():
+    assert parse_multi_agent(base_config(multi_agent={"decoupled": {"sub_urls": {"sub": None}}})).decoupled.sub_urls == {}
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (lambda: side("both"), "role must be null, 'main' or 'sub'"),
+        (lambda: side("main", store=None), "store must be the store's URL"),
+        (lambda: side("main", store="/tmp/x.db"), "store must be the store's URL"),
+        (lambda: side("main", sub_urls={}), r"sub_urls has no URL for sub-agent\(s\) \['sub'\]"),
+        (lambda: side("main", sub_urls={"sub": "127.0.0.1:8470"}), "must be a base URL"),
+        (lambda: side("main", sub_urls={"sub": "http://h:1/path"}), "must be a base URL"),
+        (lambda: side("main", sub_urls={"ghost": "http://h:1", **SUB_URL}), "'ghost' is not a sub-agent"),
+        (lambda: side("sub", train_agent="main"), "train_agent must name a sub-agent"),
+        (lambda: side("sub", train_agent="ghost"), "train_agent must name a sub-agent"),
+        (lambda: side("sub", serve_port=0), "serve_port must be a TCP port"),
+        (lambda: side("sub", serve_port=70000), "serve_port must be a TCP port"),
+        (lambda: side("sub", serve_host=""), "serve_host"),
+        (lambda: side("sub", wait_timeout_s=0), "wait_timeout_s must be a finite number > 0"),
+        (lambda: side("sub", poll_s=float("inf")), "poll_s must be a finite number > 0"),
+        (lambda: side("sub", idle_timeout_s=-1), "idle_timeout_s"),
+        (lambda: side("sub", max_policy_lag=-1), "max_policy_lag must be null or an int >= 0"),
+        (lambda: side("sub", missing_policy="zero"), "missing_policy must be 'skip' or 'error'.*sub-side trainer does not support it"),
+        (lambda: side("sub", missing_policy="drop"), "missing_policy must be 'skip' or 'error'"),
+        (lambda: side("sub", typo=1), "typo"),
+        (lambda: side("sub", trainer={"val_before_train": True}), "set trainer.val_before_train=false trainer.test_freq=-1"),
+        (lambda: side("sub", trainer={"test_freq": 5}), "validation is on"),
+        (lambda: base_config(multi_agent={"decoupled": {"role": "main", "store": STORE, "sub_urls": SUB_URL},
+                                          "algorithm": "grpo"}), "computes M-GRPO advantages only"),
+        (lambda: base_config(multi_agent={"decoupled": {"role": "main", "store": STORE},
+                                          "agents": {"main": {}, "sub": {"share_model_with": "main"}}}),
+         "nothing to decouple"),
+        (lambda: base_config(multi_agent={"decoupled": {"role": "sub", "store": STORE}, "agents": {"sub": {"trainable": False}}},
+                             trainer={"val_before_train": False, "test_freq": -1}), "trainable: false"),
+    ],
+)
+def test_bad_decoupled_values(config, match):
+    with pytest.raises(ValueError, match=match):
+        parse_multi_agent(config())

@@ -1,0 +1,140 @@
+"""The cooperative tasks of MAGRPO, as the cooperative loop sees them (:class:`mgrpo_verl.rollout.cooperative.CoopTask`).
+
+A dataset row names its task by ``data_source`` and its item by ``reward_model.ground_truth``:
+
+- ``mgrpo_verl/coop_code``: HumanEval coding collaboration (``mgrpo_verl/envs/coop_code.py``). Agents
+  ``helper`` (writes ``aux``) and ``main`` (writes the entry point, which should call ``aux``); the item is
+  the HumanEval ``task_id``; the joint reward is the tiered score of the combined program, run in the
+  sandbox; the feedback for the next turn is the test outcome.
+- ``mgrpo_verl/coop_writing``: writing collaboration on Wikipedia summaries
+  (``mgrpo_verl/envs/coop_writing.py``). Agents ``summary`` and ``details``; the item is the article title;
+  the joint reward is structure + style consistency + coherence; the feedback is the reward's parts.
+
+``write_code_dataset`` / ``write_writing_dataset`` write verl's parquet splits (built-in tasks
+``coop_code`` and ``coop_writing``, ``mgrpo_verl.task``).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from mgrpo_verl.envs.splits import write_splits
+from mgrpo_verl.rollout.cooperative import AGENT_LOOP_NAME, CoopReward, Turn
+
+CODE_SOURCE = "mgrpo_verl/coop_code"
+WRITING_SOURCE = "mgrpo_verl/coop_writing"
+
+
+def _history_messages(messages: list[dict[str, str]], agent: str, history: list[Turn], with_peer) -> list[dict[str, str]]:
+    """The first-turn messages plus, for each earlier turn, what the agents wrote and the feedback."""
+    out = list(messages)
+    for turn in history:
+        for peer, text in turn.outputs.items():
+            out = with_peer(out, "you" if peer == agent else peer, text)
+        if turn.feedback:
+            out = out[:-1] + [{**out[-1], "content": out[-1]["content"] + f"\n\nFeedback: {turn.feedback}\nImprove your part."}]
+    return out
+
+
+class CodeTask:
+    """HumanEval coding collaboration (see the module docstring)."""
+
+    agents = ("helper", "main")
+    info_keys = ("structure", "syntax", "tests_passed", "cooperation")
+
+    @functools.cached_property
+    def problems(self) -> dict[str, Any]:
+        from mgrpo_verl.envs.coop_code import load_humaneval
+
+        return {p.task_id: p for p in load_humaneval()}
+
+    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
+        from mgrpo_verl.envs import coop_code
+
+        problem = self.problems[str(item)]
+        first = coop_code.helper_messages(problem) if agent == "helper" else coop_code.main_messages(problem)
+        return _history_messages(first, agent, history, coop_code.with_peer)
+
+    def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
+        from mgrpo_verl.envs.coop_code import score_coop
+
+        s = score_coop(self.problems[str(item)], outputs["helper"], outputs["main"])
+        info = {"structure": float(s.structure), "syntax": float(s.syntax), "tests_passed": float(s.tests_passed),
+                "cooperation": float(s.cooperation)}
+        feedback = "all tests passed" if s.tests_passed else f"tests failed ({s.status})"
+        return CoopReward(float(s.reward), info, feedback)
+
+
+class WritingTask:
+    """Writing collaboration on Wikipedia summaries (see the module docstring)."""
+
+    agents = ("summary", "details")
+    info_keys = ("structure", "style", "coherence")
+
+    @functools.cached_property
+    def articles(self) -> dict[str, Any]:
+        from mgrpo_verl.envs.coop_writing import load_wiki_summaries
+
+        return {a.title: a for a in load_wiki_summaries()}
+
+    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
+        from mgrpo_verl.envs import coop_writing
+
+        return _history_messages(coop_writing.agent_messages(self.articles[str(item)], agent), agent, history,
+                                 coop_writing.with_peer)
+
+    def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
+        from mgrpo_verl.envs.coop_writing import score_writing
+
+        s = score_writing(outputs["summary"], outputs["details"])
+        feedback = f"structure {s.structure:.2f}, style {s.style:.2f}, coherence {s.coherence:.2f}"
+        return CoopReward(float(s.reward), {"structure": s.structure, "style": s.style, "coherence": s.coherence}, feedback)
+
+
+@functools.cache
+def task_for(data_source: str | None) -> CodeTask | WritingTask:
+    """The task of a dataset row's ``data_source`` (one instance per process)."""
+    tasks = {CODE_SOURCE: CodeTask, WRITING_SOURCE: WritingTask}
+    if data_source not in tasks:
+        raise ValueError(f"no cooperative task for data_source {data_source!r}; known: {sorted(tasks)}")
+    return tasks[data_source]()
+
+
+def _row(source: str, split: str, index: int, item: str, preview: str) -> dict[str, Any]:
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": preview}],
+        "agent_name": AGENT_LOOP_NAME,
+        "ability": "cooperation",
+        "reward_model": {"style": "rule", "ground_truth": item},
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def write_code_dataset(directory: str | Path, n_train: int = 132, n_val: int = 32, seed: int = 0) -> tuple[Path, Path]:
+    """HumanEval's 164 problems split into train / val (shuffled with ``seed``)."""
+    import random
+
+    from mgrpo_verl.envs.coop_code import load_humaneval
+
+    problems = sorted(load_humaneval(), key=lambda p: p.task_id)
+    random.Random(seed).shuffle(problems)
+    parts = {"train": problems[:n_train], "val": problems[n_train : n_train + n_val]}
+    return write_splits(
+        directory, lambda split, n: [_row(CODE_SOURCE, split, i, p.task_id, p.prompt) for i, p in enumerate(parts[split][:n])],
+        n_train, n_val,
+    )
+
+
+def write_writing_dataset(directory: str | Path, n_train: int = 256, n_val: int = 32, seed: int = 0) -> tuple[Path, Path]:
+    """Wikipedia articles for the writing task (``coop_writing.writing_splits``)."""
+    from mgrpo_verl.envs.coop_writing import writing_splits
+
+    train, val = writing_splits(seed, n_train, n_val)
+    parts = {"train": train, "val": val}
+    return write_splits(
+        directory, lambda split, n: [_row(WRITING_SOURCE, split, i, a.title, a.title) for i, a in enumerate(parts[split][:n])],
+        n_train, n_val,
+    )

@@ -1,0 +1,251 @@
+"""MAGRPO's cooperative rollout: n agents act together at every turn and share one joint reward.
+
+``CooperativeLoop`` (verl agent loop ``magrpo_coop``) expands the whole joint-action tree of one task
+(dataset row) in one run, so verl's ``rollout.n`` must be 1 (the tree's width is G, ``multi_agent.magrpo
+.num_generations``):
+
+1. at a node (the root's parent is the task itself) every agent writes G completions from its own
+   prompt, on its own model (``server_manager.for_agent(agent)``), all concurrently;
+2. the completions form the node's children: ``aligned`` pairs them by index (G joint actions),
+   ``cross`` takes every combination (G^n);
+3. each joint action is scored by the task (one joint reward per node, :class:`CoopTask.reward`), which
+   may also return feedback (test results, a critique): the *external transition* each agent sees at the
+   next turn;
+4. a child is expanded again until ``multi_agent.cooperation.num_turns`` turns or until its reward
+   reaches ``termination_threshold`` (early termination).
+
+Rows: one per (node, agent): prompt = that agent's history (task prompt, its earlier completions and the
+feedback), response = its completion at the node, all tokens its own (mask 1). ``extra_fields``:
+
+* ``"magrpo"``: ``{"node_id", "parent_node_id", "turn"}`` (node ids unique within the task; ``""`` is the
+  roots' parent), the fields of ALGORITHMS.md that ``magrpo_row_advantage`` reads;
+* ``"mgrpo"``: ``{"agent", "traj_id", "parent_traj_id": "", "score": joint reward, ...}``: every row is a
+  root of the M-GRPO hierarchy, so the per-agent trainer gives each model its own agent's rows;
+* ``"reward_extra_info"``: the task's reward components of the node, plus ``acc``: the mean joint reward of
+  the tree's last-turn nodes (what validation reports: for coding, the expected pass rate of one joint
+  sample).
+
+Errors: a generation that fails or times out is the empty completion (scored as such, counted in
+``failed_generations``); configuration errors (unknown task, agent, bad settings) raise before generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from uuid import uuid4
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.utils import hf_tokenizer, normalize_token_ids
+
+from mgrpo_verl.rollout.delegation import _TOKENIZERS, _agent_setting, _generate, _Generation, _tokenizer_path
+from mgrpo_verl.trainer.multi_agent_config import parse_cooperation
+
+logger = logging.getLogger(__name__)
+
+AGENT_LOOP_NAME = "magrpo_coop"
+
+
+@dataclass(frozen=True)
+class CoopReward:
+    """A joint action's outcome: the joint reward, its components (logged), and feedback for the next turn."""
+
+    reward: float
+    info: dict[str, float] = field(default_factory=dict)
+    feedback: str | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One earlier turn as an agent sees it: every agent's completion and the feedback that followed."""
+
+    outputs: dict[str, str]
+    feedback: str | None
+
+
+class CoopTask(Protocol):
+    """What the loop needs from a cooperative task (``mgrpo_verl/envs/coop_tasks.py`` registers them)."""
+
+    agents: tuple[str, ...]
+    """The agents, in the order their rows are emitted."""
+
+    info_keys: tuple[str, ...]
+    """Keys of :attr:`CoopReward.info` (every row carries the same ones)."""
+
+    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
+        """Chat messages of ``agent`` at the next turn, given the earlier turns."""
+
+    def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
+        """The joint reward of one joint action (every agent's completion)."""
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The loop's settings, from ``multi_agent.magrpo`` (G, joint mode) and ``multi_agent.cooperation``."""
+
+    num_generations: int
+    joint_mode: str
+    num_turns: int
+    termination_threshold: float | None
+    response_tokens: int
+    timeout_s: float
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> _Settings:
+        magrpo, coop = parse_cooperation(OmegaConf.select(config, "multi_agent", default=None) or {})
+        return cls(magrpo.num_generations, magrpo.joint_mode, coop.num_turns, coop.termination_threshold,
+                   coop.response_tokens, coop.timeout_s)
+
+
+@dataclass
+class _Node:
+    node_id: str
+    turn: int
+    history: dict[str, list[Turn]]  # per agent (all agents see the same turns)
+
+
+@dataclass(frozen=True)
+class _Agent:
+    name: str
+    client: Any
+    tokenizer: Any
+    prompt_length: int
+    response_tokens: int
+
+
+@register(AGENT_LOOP_NAME)
+class CooperativeLoop(AgentLoopBase):
+    """MAGRPO's cooperative rollout (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.settings = _Settings.from_config(self.config)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
+        from mgrpo_verl.envs.coop_tasks import task_for
+
+        task = task_for(kwargs.get("data_source"))
+        item = kwargs["reward_model"]["ground_truth"]
+        agents = {name: self._agent(name) for name in task.agents}
+        prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
+        s = self.settings
+
+        rows: list[tuple[_Node, str, list[int], _Generation, CoopReward]] = []
+        failed = 0
+        frontier = [_Node("", -1, {a: [] for a in task.agents})]  # the task itself: the roots' parent
+        leaves: list[float] = []
+        while frontier:
+            expansions = await asyncio.gather(*(self._expand(task, item, agents, node, sampling_params) for node in frontier))
+            next_frontier = []
+            for children, n_failed in expansions:
+                failed += n_failed
+                for child, per_agent, outcome in children:
+                    for name in task.agents:
+                        prompt_ids, gen = per_agent[name]
+                        rows.append((child, name, prompt_ids, gen, outcome))
+                    last_turn = child.turn + 1 >= s.num_turns
+                    done = s.termination_threshold is not None and outcome.reward >= s.termination_threshold
+                    if last_turn or done:
+                        leaves.append(outcome.reward)
+                    else:
+                        next_frontier.append(child)
+            frontier = next_frontier
+
+        acc = sum(leaves) / len(leaves) if leaves else 0.0
+        out = []
+        for node, name, prompt_ids, gen, outcome in rows:
+            parent_id = node.node_id.rsplit(".", 1)[0] if "." in node.node_id else ""
+            info = {k: float(outcome.info.get(k, 0.0)) for k in task.info_keys}
+            out.append(
+                AgentLoopOutput(
+                    prompt_ids=prompt_ids,
+                    response_ids=gen.token_ids,
+                    response_mask=[1] * len(gen.token_ids),
+                    response_logprobs=gen.log_probs,
+                    reward_score=float(outcome.reward),
+                    num_turns=2,
+                    metrics=AgentLoopMetrics(generate_sequences=gen.seconds),
+                    extra_fields={
+                        **gen.extra_fields,
+                        "magrpo": {"node_id": node.node_id, "parent_node_id": parent_id, "turn": node.turn},
+                        "mgrpo": {
+                            "agent": name, "traj_id": f"{prefix}/{node.node_id}/{name}", "parent_traj_id": "",
+                            "score": float(outcome.reward), "calls": 0, "failed_calls": failed,
+                            "observation_truncated": False,
+                        },
+                        "reward_extra_info": {"acc": acc, **info},
+                    },
+                )
+            )
+        return out
+
+    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, _Agent], node: _Node, sampling_params):
+        """The children of ``node``: G completions per agent, joined, scored."""
+        s = self.settings
+        prompts = {}
+        for name, agent in agents.items():
+            messages = task.messages(item, name, node.history[name])
+            tokenized = agent.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, **self.apply_chat_template_kwargs
+            )
+            prompts[name] = normalize_token_ids(tokenized)[-agent.prompt_length :]
+        calls = [(name, g) for name in agents for g in range(s.num_generations)]
+        results = await asyncio.gather(
+            *(self._complete(agents[name], prompts[name], sampling_params) for name, _ in calls)
+        )
+        by_agent: dict[str, list[_Generation]] = {name: [] for name in agents}
+        n_failed = 0
+        for (name, _), gen in zip(calls, results):
+            if gen is None:
+                n_failed += 1
+                gen = _Generation([], [], {}, None, 0.0)
+            by_agent[name].append(gen)
+        names = list(agents)
+        if s.joint_mode == "aligned":
+            combos = [tuple(g for _ in names) for g in range(s.num_generations)]
+        else:
+            combos = list(itertools.product(range(s.num_generations), repeat=len(names)))
+        children = []
+        for k, combo in enumerate(combos):
+            node_id = f"{node.node_id}.{k}" if node.node_id else str(k)
+            texts = {
+                name: agents[name].tokenizer.decode(by_agent[name][g].token_ids, skip_special_tokens=True)
+                for name, g in zip(names, combo)
+            }
+            outcome = await asyncio.to_thread(task.reward, item, texts)  # may run code in a sandbox: off the loop
+            turn = Turn(texts, outcome.feedback)
+            child = _Node(node_id, node.turn + 1, {name: node.history[name] + [turn] for name in names})
+            per_agent = {name: (prompts[name], by_agent[name][g]) for name, g in zip(names, combo)}
+            children.append((child, per_agent, outcome))
+        return children, n_failed
+
+    async def _complete(self, agent: _Agent, prompt_ids: list[int], sampling_params) -> _Generation | None:
+        try:
+            return await asyncio.wait_for(
+                _generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
+                timeout=self.settings.timeout_s,
+            )
+        except Exception as exc:  # a failed generation is an empty completion, counted
+            logger.warning("agent %r generation failed: %r", agent.name, exc)
+            return None
+
+    def _agent(self, name: str) -> _Agent:
+        manager = self.server_manager
+        client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
+        agent_config = getattr(client, "config", None)
+        path = _tokenizer_path(agent_config)
+        tokenizer = self.tokenizer
+        if path is not None and path != _tokenizer_path(self.config):
+            if path not in _TOKENIZERS:
+                trust = bool(_agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+                _TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
+            tokenizer = _TOKENIZERS[path]
+        rollout = "actor_rollout_ref.rollout"
+        prompt_length = int(_agent_setting(agent_config, f"{rollout}.prompt_length", self.rollout_config.prompt_length))
+        response_length = int(_agent_setting(agent_config, f"{rollout}.response_length", self.rollout_config.response_length))
+        return _Agent(name, client, tokenizer, prompt_length, min(self.settings.response_tokens, response_length))

@@ -1,0 +1,217 @@
+"""The sub side's delegation service (decoupled M-GRPO): it serves one sub-agent's model to the main side.
+
+:class:`SubAgentService` is verl's TransferQueue agent-loop worker (``AgentLoopWorkerTQ``) with an HTTP
+front (``aiohttp``, endpoints in :mod:`mgrpo_verl.rollout.remote_sub`). Each call runs the registered
+agent loop the request names (e.g. ``mgrpo_relay_sub``) on this process's own rollout servers, through
+verl's own ``_run_agent_loop``, so the row lands in this cluster's TransferQueue exactly as a
+synchronous rollout's row would (``{uid}_{session}_{index}`` keys, verl's fields and tags). The
+service keeps a list of those *pending* rows for the trainer (:class:`~mgrpo_verl.trainer.decoupled.
+DecoupledSubTrainer`), which takes them once their parents' main scores are in the store.
+
+Gate: the trainer closes it (:meth:`SubAgentService.pause`) before its replicas sleep for the update and
+opens it (:meth:`SubAgentService.resume`) after the weight sync; calls that arrive in between wait
+(the main side's ``delegation.timeout_s`` bounds the wait). While the main side validates
+(``POST /v1/mode``), calls sample with the validation settings and keep no row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+from mgrpo_verl.rollout.remote_sub import CALL_PATH, HEALTH_PATH, MODE_PATH, SubCallRequest
+
+logger = logging.getLogger(__name__)
+
+#: Sessions of rows written by the service start here, far above any rollout index, so that a sub row's
+#: key ``{uid}_{session}_0`` never meets the keys of the main side's sessions (or their aligned copies).
+SESSION_BASE = 1_000_000
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """A row the service wrote to TransferQueue and the trainer has not taken yet."""
+
+    key: str
+    traj_id: str
+    parent_traj_id: str
+    uid: str
+    agent: str
+    score: float
+    policy_version: int
+    created: float  # time.time() when written
+
+
+class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
+    """verl's agent-loop worker serving delegation calls over HTTP (see the module docstring).
+
+    Args:
+        config: the served model's full trainer config (its ``actor_rollout_ref`` and ``multi_agent``).
+        llm_client: the client of this model's rollout servers.
+        agent: the sub-agent name served (requests for others are refused).
+    """
+
+    def __init__(self, config, llm_client, agent: str):
+        super().__init__(config, llm_client)
+        self.agent = agent
+        self.pending: dict[str, PendingRow] = {}
+        self.policy_version = 0
+        self.validating = False
+        self.main_finished_at: int | None = None
+        self.inflight = 0
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._sessions = itertools.count(SESSION_BASE)
+        self._runner = None
+        self.calls = {"served": 0, "failed": 0, "refused": 0, "validation": 0}
+
+    # ---------------------------------------------------------------------------------------- HTTP
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen on ``host:port``; returns the base URL."""
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get(HEALTH_PATH, self._health)
+        app.router.add_post(CALL_PATH, self._call)
+        app.router.add_post(MODE_PATH, self._mode)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        url = f"http://{host}:{port}"
+        logger.info("sub-agent %r served at %s", self.agent, url)
+        return url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, request):
+        from aiohttp import web
+
+        return web.json_response(
+            {"agent": self.agent, "policy_version": self.policy_version, "pending_rows": len(self.pending),
+             "validating": self.validating, "main_finished_at": self.main_finished_at, "calls": dict(self.calls)}
+        )
+
+    async def _mode(self, request):
+        from aiohttp import web
+
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and set(body) == {"validating"} and isinstance(body["validating"], bool):
+            self.validating = body["validating"]
+        elif (isinstance(body, dict) and set(body) == {"main_finished_at"} and isinstance(body["main_finished_at"], int)
+              and not isinstance(body["main_finished_at"], bool)):
+            self.main_finished_at = body["main_finished_at"]
+        else:
+            return web.json_response(
+                {"error": f"expected {{'validating': bool}} or {{'main_finished_at': int}}, got {body!r}"}, status=400
+            )
+        return web.json_response({"validating": self.validating, "main_finished_at": self.main_finished_at})
+
+    async def _call(self, request):
+        from aiohttp import web
+
+        try:
+            call = SubCallRequest.from_json(await request.json())
+        except ValueError as err:  # json.JSONDecodeError is a ValueError too
+            self.calls["refused"] += 1
+            return web.json_response({"error": str(err)}, status=400)
+        if call.agent != self.agent:
+            self.calls["refused"] += 1
+            return web.json_response({"error": f"this sub side serves agent {self.agent!r}, not {call.agent!r}"}, status=404)
+        await self._gate.wait()
+        self.inflight += 1
+        try:
+            reply = await self._serve(call)
+        except Exception as err:
+            self.calls["failed"] += 1
+            logger.warning("sub call %s failed: %r", call.traj_id, err)
+            return web.json_response({"error": f"{type(err).__name__}: {err}"}, status=500)
+        finally:
+            self.inflight -= 1
+        return web.json_response(reply)
+
+    # ------------------------------------------------------------------------------------- serving
+
+    async def _serve(self, call: SubCallRequest) -> dict[str, Any]:
+        validate = self.validating
+        rollout = self.config.actor_rollout_ref.rollout
+        kwargs_of = rollout.val_kwargs if validate else rollout
+        sampling_params = dict(
+            temperature=kwargs_of.temperature, top_p=kwargs_of.top_p, top_k=kwargs_of.top_k,
+            repetition_penalty=1.0, logprobs=rollout.calculate_log_probs,
+        )
+        session = next(self._sessions)
+        version = self.policy_version
+        outputs = await self._run_agent_loop(
+            sampling_params,
+            {"step": version, "sample_index": session, "rollout_n": 0, "validate": validate},
+            agent_name=call.agent_loop,
+            trace=False,
+            raw_prompt=call.messages,
+            reward_model={"ground_truth": call.ground_truth},
+            uid=call.uid,
+            session_id=session,
+            global_steps=version,
+            mgrpo_call={"agent": call.agent, "traj_id": call.traj_id, "parent_traj_id": call.parent_traj_id},
+        )
+        if validate:
+            self.calls["validation"] += 1
+        else:
+            for i, out in enumerate(outputs):
+                meta = out.extra_fields["mgrpo"]
+                key = f"{call.uid}_{session}_{i}"
+                self.pending[key] = PendingRow(
+                    key, str(meta["traj_id"]), str(meta["parent_traj_id"]), call.uid, str(meta["agent"]),
+                    float(meta["score"]), version, time.time(),
+                )
+            self.calls["served"] += 1
+        final = outputs[-1]
+        return {
+            "traj_id": call.traj_id,
+            "text": self.tokenizer.decode(final.response_ids, skip_special_tokens=True).strip(),
+            "policy_version": version,
+            "response_tokens": len(final.response_ids),
+        }
+
+    async def _agent_loop_postprocess(self, output, validate, **kwargs):
+        """verl's (rows into TransferQueue) for training calls, nothing for validation calls; returns the
+        outputs so that :meth:`_serve` can answer."""
+        outputs = output if isinstance(output, list) else [output]
+        if not validate:
+            await super()._agent_loop_postprocess(outputs, validate, **kwargs)
+        return outputs
+
+    # ------------------------------------------------------------------------------ trainer controls
+
+    def pending_rows(self) -> list[dict[str, Any]]:
+        return [asdict(row) for row in self.pending.values()]
+
+    def take(self, keys: list[str]) -> int:
+        """Forget ``keys`` (the trainer took or dropped them); returns how many were pending."""
+        return sum(self.pending.pop(k, None) is not None for k in keys)
+
+    async def pause(self) -> None:
+        """Close the gate and wait for the calls in flight to finish."""
+        self._gate.clear()
+        while self.inflight:
+            await asyncio.sleep(0.01)
+
+    def resume(self, policy_version: int) -> None:
+        """Open the gate; new rows carry ``policy_version``."""
+        self.policy_version = int(policy_version)
+        self._gate.set()
+
+    def stats(self) -> dict[str, Any]:
+        return {"pending_rows": len(self.pending), "main_finished_at": self.main_finished_at, **self.calls}

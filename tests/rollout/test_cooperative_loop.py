@@ -1,0 +1,149 @@
+"""The cooperative loop (MAGRPO) with scripted servers and a toy task: tree shape, rows, histories, early
+termination, joint modes, failures, and the advantages the trainer computes from its rows.
+
+Toy task: agents ``a`` and ``b``; the joint reward is the number of the two completions that are "1"
+divided by 2 (so "1"+"1" -> 1.0, "1"+"0" -> 0.5, "0"+"0" -> 0.0); feedback "r=<reward>".
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from verl.workers.rollout.replica import TokenOutput
+
+from mgrpo_verl.algorithms.config import MAGRPOConfig
+from mgrpo_verl.envs import coop_tasks
+from mgrpo_verl.rollout.cooperative import AGENT_LOOP_NAME, CoopReward
+from mgrpo_verl.rollout.testing import build_agent_loop
+from mgrpo_verl.trainer.rows import build_row_table, scalar_advantages
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+
+class ToyTask:
+    agents = ("a", "b")
+    info_keys = ("ones",)
+
+    def __init__(self):
+        self.seen: list[tuple[str, int, str]] = []  # (agent, turns of history, last user content)
+
+    def messages(self, item, agent, history):
+        content = f"task {item} for {agent}" + "".join(f" | prev {t.outputs[agent]} fb {t.feedback}" for t in history)
+        self.seen.append((agent, len(history), content))
+        return [{"role": "user", "content": content}]
+
+    def reward(self, item, outputs):
+        ones = sum(outputs[a].strip() == "1" for a in self.agents)
+        return CoopReward(ones / 2, {"ones": float(ones)}, f"r={ones / 2}")
+
+
+class Server:
+    """Answers each agent's calls from its own script of texts (None: raise)."""
+
+    def __init__(self, tokenizer, script):
+        self.tokenizer, self.script, self.prompts = tokenizer, list(script), []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        self.prompts.append(self.tokenizer.decode(prompt_ids))
+        text = self.script.pop(0)
+        if text is None:
+            raise RuntimeError("server down")
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), extra_fields={"min_global_steps": 1, "max_global_steps": 1})
+
+
+class Manager:
+    def __init__(self, servers):
+        self.servers = servers
+
+    def for_agent(self, name):
+        return self.servers[name]
+
+    async def generate(self, **kwargs):  # the main agent's server (unused by the loop)
+        raise AssertionError("the cooperative loop asks for_agent")
+
+
+def config(G=2, mode="aligned", turns=1, threshold=None):
+    return OmegaConf.create({
+        "actor_rollout_ref": {"model": {"path": "/m"}, "rollout": {"prompt_length": 256, "response_length": 16}},
+        "data": {},
+        "multi_agent": {"magrpo": {"num_generations": G, "joint_mode": mode},
+                        "cooperation": {"num_turns": turns, "termination_threshold": threshold, "response_tokens": 4}},
+    })
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    task = ToyTask()
+    monkeypatch.setattr(coop_tasks, "task_for", lambda source: task)
+    return task
+
+
+def run(tokenizer, cfg, scripts):
+    servers = {name: Server(tokenizer, s) for name, s in scripts.items()}
+
+    async def go():
+        loop = build_agent_loop(AGENT_LOOP_NAME, cfg, Manager(servers), tokenizer)
+        return await loop.run(dict(SAMPLING), data_source="toy", reward_model={"ground_truth": "7"}, uid="u", session_id=0)
+
+    return asyncio.run(go()), servers
+
+
+def meta(row):
+    m, t = row.extra_fields["mgrpo"], row.extra_fields["magrpo"]
+    return (t["node_id"], t["parent_node_id"], t["turn"], m["agent"], m["score"])
+
+
+def test_single_turn_aligned(tokenizer, toy):
+    rows, _ = run(tokenizer, config(G=2), {"a": ["1", "0"], "b": ["1", "1"]})
+    # joint actions by index: (a1, b1) -> 1.0, (a0, b1) -> 0.5
+    assert [meta(r) for r in rows] == [("0", "", 0, "a", 1.0), ("0", "", 0, "b", 1.0), ("1", "", 0, "a", 0.5), ("1", "", 0, "b", 0.5)]
+    assert tokenizer.decode(rows[2].response_ids) == "0" and rows[2].response_mask == [1]
+    assert rows[0].extra_fields["mgrpo"]["traj_id"] == "u/0/0/a" and rows[0].extra_fields["mgrpo"]["parent_traj_id"] == ""
+    # acc: mean joint reward of the leaves (0.75); the task's reward parts on every row
+    assert rows[0].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 2.0}
+    assert rows[3].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 1.0}
+
+
+def test_cross_mode_takes_every_combination(tokenizer, toy):
+    rows, _ = run(tokenizer, config(G=2, mode="cross"), {"a": ["1", "0"], "b": ["1", "0"]})
+    # G^n = 4 joint actions: (1,1) 1.0, (1,0) 0.5, (0,1) 0.5, (0,0) 0.0
+    scores = [r.extra_fields["mgrpo"]["score"] for r in rows if r.extra_fields["mgrpo"]["agent"] == "a"]
+    assert scores == [1.0, 0.5, 0.5, 0.0]
+
+
+def test_two_turns_histories_and_early_termination(tokenizer, toy):
+    # turn 0: (1,1) -> 1.0 reaches the threshold and stops; (0,1) -> 0.5 is expanded into 2 children
+    rows, servers = run(tokenizer, config(G=2, turns=2, threshold=1.0), {"a": ["1", "0", "1", "0"], "b": ["1", "1", "1", "0"]})
+    nodes = sorted({meta(r)[:3] for r in rows})
+    assert nodes == [("0", "", 0), ("1", "", 0), ("1.0", "1", 1), ("1.1", "1", 1)]
+    # the second turn's prompts show each agent its own previous completion and the feedback
+    turn1 = [c for agent, n, c in toy.seen if n == 1]
+    assert turn1 == ["task 7 for a | prev 0 fb r=0.5", "task 7 for b | prev 1 fb r=0.5"]
+    # leaves: node 0 (1.0), 1.0 (1.0), 1.1 (0.0): acc = 2/3
+    assert rows[0].extra_fields["reward_extra_info"]["acc"] == pytest.approx(2 / 3)
+
+
+def test_failed_generation_is_an_empty_completion(tokenizer, toy):
+    rows, _ = run(tokenizer, config(G=2), {"a": ["1", None], "b": ["1", "1"]})
+    failed = [r for r in rows if r.extra_fields["magrpo"]["node_id"] == "1" and r.extra_fields["mgrpo"]["agent"] == "a"][0]
+    assert failed.response_ids == [] and failed.extra_fields["mgrpo"]["score"] == 0.5
+    assert all(r.extra_fields["mgrpo"]["failed_calls"] == 1 for r in rows)
+
+
+def test_rows_give_magrpo_advantages(tokenizer, toy):
+    """The trainer's view: one-turn tree with rewards {1.0, 0.5}: mean baseline 0.75 -> +0.25 / -0.25 for both
+    agents' rows of each node."""
+    rows, _ = run(tokenizer, config(G=2), {"a": ["1", "0"], "b": ["1", "1"]})
+    table = build_row_table([f"u_0_{i}" for i in range(len(rows))], ["u"] * len(rows), [r.extra_fields for r in rows])
+    adv = scalar_advantages(table, "magrpo", MAGRPOConfig(num_generations=2))
+    np.testing.assert_allclose(adv, [0.25, 0.25, -0.25, -0.25])
+
+
+def test_settings_are_validated(tokenizer, toy):
+    with pytest.raises(Exception, match="num_generations must be set"):
+        run(tokenizer, OmegaConf.create({**OmegaConf.to_container(config()), "multi_agent": {"magrpo": {}}}), {})
