@@ -29,6 +29,7 @@ def register_multi_agent() -> None:
 
     when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.rollout.delegation"))
     when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.rollout.tool_delegation"))
+    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.rollout.cooperative"))
     when_imported("verl.trainer.ppo.v1", lambda _: import_module("mgrpo_verl.trainer.per_agent"))
 
 

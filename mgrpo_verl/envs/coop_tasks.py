@@ -57,6 +57,25 @@ class CodeTask:
         first = coop_code.helper_messages(problem) if agent == "helper" else coop_code.main_messages(problem)
         return _history_messages(first, agent, history, coop_code.with_peer)
 
+    self_role = "you"
+
+    def first_messages(self, item: Any, agent: str) -> list[dict[str, str]]:
+        return self.messages(item, agent, [])
+
+    def single_messages(self, item: Any) -> list[dict[str, str]]:
+        from mgrpo_verl.envs import coop_code
+
+        return coop_code.single_messages(self.problems[str(item)])
+
+    def split_single(self, item: Any, text: str) -> dict[str, str]:
+        """One model's whole program: both parts are the same text (each part's function is extracted from it)."""
+        return {"helper": text, "main": text}
+
+    def with_peer(self, messages: list[dict[str, str]], peer: str, text: str) -> list[dict[str, str]]:
+        from mgrpo_verl.envs import coop_code
+
+        return coop_code.with_peer(messages, peer, text)
+
     def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
         from mgrpo_verl.envs.coop_code import score_coop
 
@@ -85,12 +104,47 @@ class WritingTask:
         return _history_messages(coop_writing.agent_messages(self.articles[str(item)], agent), agent, history,
                                  coop_writing.with_peer)
 
+    self_role = "you"
+
+    def first_messages(self, item: Any, agent: str) -> list[dict[str, str]]:
+        return self.messages(item, agent, [])
+
+    def single_messages(self, item: Any) -> list[dict[str, str]]:
+        from mgrpo_verl.envs import coop_writing
+
+        return coop_writing.single_messages(self.articles[str(item)])
+
+    def split_single(self, item: Any, text: str) -> dict[str, str]:
+        from mgrpo_verl.envs.coop_writing import split_single_response
+
+        summary, details = split_single_response(text)
+        return {"summary": summary, "details": details}
+
+    def with_peer(self, messages: list[dict[str, str]], peer: str, text: str) -> list[dict[str, str]]:
+        from mgrpo_verl.envs import coop_writing
+
+        return coop_writing.with_peer(messages, peer, text)
+
     def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
         from mgrpo_verl.envs.coop_writing import score_writing
 
         s = score_writing(outputs["summary"], outputs["details"])
         feedback = f"structure {s.structure:.2f}, style {s.style:.2f}, coherence {s.coherence:.2f}"
         return CoopReward(float(s.reward), {"structure": s.structure, "style": s.style, "coherence": s.coherence}, feedback)
+
+
+#: built-in task name (``mgrpo_verl.task``) -> data_source
+TASK_SOURCES = {"coop_code": CODE_SOURCE, "coop_writing": WRITING_SOURCE}
+
+
+def validation_items(task: str) -> list[str]:
+    """The items (``reward_model.ground_truth``) of a built-in cooperative task's validation split."""
+    import pandas as pd
+
+    from mgrpo_verl.envs.builtin import task_files
+
+    _, val = task_files(task)
+    return [str(rm["ground_truth"]) for rm in pd.read_parquet(val)["reward_model"]]
 
 
 @functools.cache

@@ -631,7 +631,8 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         raise ValueError(f"multi_agent.d_max must be a positive int (>= 1) or 'auto', got {d_max!r}")
 
     _check_unsupported(config)
-    _check_agent_overrides(config, owners)
+    # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
+    _check_agent_overrides(config, owners, rows_per_prompt=magrpo.num_generations if algorithm == "magrpo" else 1)
 
     return MultiAgentConfig(
         main=main,
@@ -932,9 +933,10 @@ def _check_unsupported(config: DictConfig) -> None:
         raise ValueError("distillation.enabled is true: distillation is not supported in multi-agent mode")
 
 
-def _check_agent_overrides(config: DictConfig, owners: list[AgentSpec]) -> None:
+def _check_agent_overrides(config: DictConfig, owners: list[AgentSpec], rows_per_prompt: int = 1) -> None:
     top_n = _select(config, "actor_rollout_ref.rollout.n")
     batch = _select(config, "data.train_batch_size")
+    batch = batch * rows_per_prompt if _is_int(batch) else batch
     for spec in owners:
         path = f"multi_agent.agents.{spec.name}.actor_rollout_ref"
         full = agent_full_config(config, spec) if spec.actor_rollout_ref else config
@@ -942,8 +944,10 @@ def _check_agent_overrides(config: DictConfig, owners: list[AgentSpec]) -> None:
         if _is_int(batch) and _is_int(mini) and mini > 0 and batch % mini:
             # a model trains on B*n main rows and/or B*n*D_max aligned sub rows: whole mini-batches of
             # mini*n rows exactly when B is a multiple of mini (no padding rows, no lopsided last update)
+            what = f"data.train_batch_size {batch}" if rows_per_prompt == 1 else (
+                f"data.train_batch_size x multi_agent.magrpo.num_generations = {batch}")
             raise ValueError(
-                f"data.train_batch_size {batch} is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size "
+                f"{what} is not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size "
                 f"{mini} of agent {spec.name!r} (set in {path} or at the top level): every model's rows must split "
                 f"into whole mini-batches"
             )

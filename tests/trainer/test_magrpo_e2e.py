@@ -1,0 +1,32 @@
+"""MAGRPO end to end on CPU: ``python -m mgrpo_verl.main_ppo --config-name magrpo_trainer`` (the real entry
+point) trains two tiny models, one per agent, on the writing collaboration task for 2 steps.
+
+B = 4 tasks x G = 4 joint actions, one turn: each model trains on its own agent's 16 rows per step; both
+agents' rows of a node carry the node's joint reward and advantage (checked in the unit tests), so the
+two agents' mean scores are equal every step. Validation runs before training and at the end.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_agents_train_on_a_joint_reward(main_ppo):
+    run = main_ppo("writing", "trainer.total_training_steps=2", "trainer.test_freq=2", config="magrpo_trainer")
+    assert run.returncode == 0, run.log[-4000:]
+    for step in (1, 2):
+        m = run.at(step)
+        for agent in ("summary", "details"):
+            assert m[f"agent/{agent}/rows"] == 16 and m[f"agent/{agent}/update_rows"] == 16
+            assert math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
+        # the same joint reward on both agents' rows
+        assert m["agent/summary/score/mean"] == pytest.approx(m["agent/details/score/mean"])
+    assert max(run.at(s)[f"agent/{a}/actor/grad_norm"] for s in (1, 2) for a in ("summary", "details")) > 0
+    assert "val-core/mgrpo_verl/coop_writing/acc/mean@1" in run.at(0)
+    assert "val-core/mgrpo_verl/coop_writing/acc/mean@1" in run.at(2)
+    # one rollout server per agent
+    assert "hf_server_0_0" in run.log and "hf_server_1_0" in run.log
