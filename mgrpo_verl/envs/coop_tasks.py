@@ -42,7 +42,7 @@ class CodeTask:
     """HumanEval coding collaboration (see the module docstring)."""
 
     agents = ("helper", "main")
-    info_keys = ("structure", "syntax", "tests_passed", "cooperation")
+    info_keys = ("structure", "syntax", "tests_passed", "test_fraction", "cooperation")
 
     @functools.cached_property
     def problems(self) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class CodeTask:
 
         s = score_coop(self.problems[str(item)], outputs["helper"], outputs["main"])
         info = {"structure": float(s.structure), "syntax": float(s.syntax), "tests_passed": float(s.tests_passed),
-                "cooperation": float(s.cooperation)}
+                "test_fraction": float(s.test_fraction), "cooperation": float(s.cooperation)}
         feedback = "all tests passed" if s.tests_passed else f"tests failed ({s.status})"
         return CoopReward(float(s.reward), info, feedback)
 

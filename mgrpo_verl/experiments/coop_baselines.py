@@ -98,7 +98,7 @@ def summarize(records: list[dict[str, Any]], info_keys: Sequence[str], ks: Seque
         row = {"samples": float(len(rows)), "reward": sum(r["reward"] for r in rows) / len(rows)}
         row.update({k: sum(r[k] for r in rows) / len(rows) for k in info_keys})
         if "tests_passed" in info_keys and "cooperation" in info_keys:
-            samples = [{"problem_id": r["item"], "passed": bool(r["tests_passed"]), "test_fraction": float(r["tests_passed"]),
+            samples = [{"problem_id": r["item"], "passed": bool(r["tests_passed"]), "test_fraction": float(r.get("test_fraction", r["tests_passed"])),
                         "cooperated": bool(r["cooperation"]), "returns": {"joint": r["reward"]}} for r in rows]
             summary = summarize_samples(samples, ks=ks)
             row.update({k: float(v) for k, v in summary.items() if k.startswith(("pass@", "acc@", "coop@"))})

@@ -1,0 +1,420 @@
+"""The sandbox for model-written code (mgrpo_verl/envs/sandbox.py), attacked by real hostile programs.
+
+Runs as whoever runs pytest: as root the child drops to a fresh uid, otherwise it keeps ours; the
+assertions hold either way (the guard catches what the kernel would, and the other way round).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import resource
+import shutil
+import signal
+import tempfile
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from mgrpo_verl.envs import sandbox
+from mgrpo_verl.envs.sandbox import VIOLATION_EXIT, SandboxLimits, SandboxResult, run_python
+
+FAST = SandboxLimits(cpu_s=1, wall_s=3)
+
+
+def run(source: str, limits: SandboxLimits = FAST) -> SandboxResult:
+    return run_python(textwrap.dedent(source), limits)
+
+
+def assert_violation(result: SandboxResult, event: str) -> None:
+    assert result.status == "violation", result
+    assert result.returncode == VIOLATION_EXIT
+    assert result.violation is not None and result.violation.startswith(event), result.violation
+
+
+# ----------------------------------------------------------------------------------------------------
+# ordinary programs
+
+
+def test_ok_program_with_stdlib_imports():
+    result = run(
+        """
+        import math, collections, itertools, re, typing
+        from typing import List
+        from collections import Counter
+
+        def f(xs: List[int]) -> typing.Dict[int, int]:
+            return dict(Counter(xs))
+
+        print(math.isqrt(17), f([1, 1, 2]), list(itertools.accumulate([1, 2, 3])), re.findall(r"\\d", "a1b2"))
+        """
+    )
+    assert result.status == "ok" and result.returncode == 0 and result.violation is None, result
+    assert result.stdout == "4 {1: 2, 2: 1} [1, 3, 6] ['1', '2']\n" and result.stderr == ""
+    assert 0 < result.seconds < FAST.wall_s
+
+
+def test_exception_and_syntax_error_are_errors():
+    result = run("raise ValueError('boom')")
+    assert result.status == "error" and result.returncode == 1
+    assert "ValueError: boom" in result.stderr and "main.py" in result.stderr
+    result = run("def f(:\n    pass\n")
+    assert result.status == "error" and "SyntaxError" in result.stderr
+    result = run("import sys\nprint('bye')\nsys.exit(3)")
+    assert (result.status, result.returncode, result.stdout) == ("error", 3, "bye\n")
+
+
+def test_files_inside_the_sandbox_work_and_the_directory_is_removed():
+    result = run(
+        """
+        import os, tempfile
+        os.mkdir("d")
+        with open("d/a.txt", "w") as f:
+            f.write("hi")
+        os.rename("d/a.txt", "d/b.txt")
+        with tempfile.NamedTemporaryFile("w", delete=False) as t:
+            t.write("x")
+        print(os.getcwd(), open("d/b.txt").read(), sorted(os.listdir("d")), t.name.startswith(os.getcwd()))
+        os.remove("d/b.txt")
+        os.rmdir("d")
+        """
+    )
+    assert result.status == "ok", result
+    cwd, text, listing, in_cwd = result.stdout.split(" ", 3)
+    assert (text, listing, in_cwd) == ("hi", "['b.txt']", "True\n")
+    assert not os.path.exists(cwd)  # removed with whatever the program left in it
+
+
+def test_limits_and_identity_inside_the_child():
+    result = run(
+        """
+        import os, resource
+        names = ["RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_NPROC"]
+        print(os.getuid(), os.getgid(), *(resource.getrlimit(getattr(resource, n)) for n in names), sep=";")
+        print(sorted(os.environ))
+        """,
+        SandboxLimits(cpu_s=1.5, memory_mb=256, max_file_bytes=1000, max_open_files=32),
+    )
+    assert result.status == "ok", result
+    uid, gid, cpu, memory, fsize, nofile, core, nproc = result.stdout.splitlines()[0].split(";")
+    if os.geteuid() == 0:  # dropped to an unprivileged uid, where RLIMIT_NPROC is enforced
+        assert int(uid) != 0 and int(gid) != 0
+    else:
+        assert int(uid) == os.getuid()
+    assert (cpu, fsize, nofile, core) == ("(2, 3)", "(1000, 1000)", "(32, 32)", "(0, 0)")  # CPU: SIGXCPU, then SIGKILL
+    assert memory == f"({256 << 20}, {256 << 20})"
+    soft, hard = ast.literal_eval(nproc)
+    assert soft == hard >= 1
+    # only HOME and TMPDIR are passed; Python itself sets LC_CTYPE when it coerces the C locale to UTF-8
+    assert set(ast.literal_eval(result.stdout.splitlines()[1])) <= {"HOME", "TMPDIR", "LC_CTYPE"}
+
+
+def test_output_is_truncated():
+    result = run("print('x' * 10_000_000)\nimport sys\nsys.stderr.write('e' * 200_000)")
+    assert result.status == "ok", result.status
+    assert result.stdout == "x" * 64_000 and result.stderr == "e" * 64_000
+    result = run("print('abcdef')", SandboxLimits(max_output_bytes=3))
+    assert result.stdout == "abc"
+
+
+def test_concurrent_runs_are_independent():
+    program = "import os, time\ntime.sleep(0.2)\nprint(os.getuid(), os.getcwd())"
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, [program] * 4))
+    assert all(r.status == "ok" for r in results), results
+    assert len({r.stdout.split()[1] for r in results}) == 4  # one directory each
+    if os.geteuid() == 0:
+        assert len({r.stdout.split()[0] for r in results}) == 4  # and one uid each
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("cpu_s", 0), ("wall_s", -1.0), ("wall_s", float("inf")), ("cpu_s", float("nan")), ("memory_mb", 8),
+     ("memory_mb", 100.5), ("max_processes", 0), ("max_processes", True), ("max_output_bytes", -1),
+     ("max_open_files", 2), ("max_file_bytes", "1")],
+)
+def test_limits_are_validated(field, value):
+    with pytest.raises(ValueError, match=f"SandboxLimits.{field}"):
+        SandboxLimits(**{field: value})
+    with pytest.raises(TypeError, match="str"):
+        run_python(b"print(1)")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------------
+# resource exhaustion
+
+
+def test_infinite_loop_times_out_on_the_wall_clock():
+    program = "import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.01)"
+    result = run(program, SandboxLimits(wall_s=1))
+    assert result.status == "timeout" and result.returncode == -signal.SIGKILL
+    assert result.stdout == "started\n"
+    assert 1 <= result.seconds < 1 + 1  # wall_s plus slack for killing and reaping on a busy machine
+
+
+def test_cpu_burn_is_stopped_by_the_cpu_limit():
+    result = run("while True:\n    pass", SandboxLimits(cpu_s=1, wall_s=10))
+    # SIGXCPU: the kernel stopped it after 1 s of CPU time (wall time depends on the machine's load)
+    assert result.status == "timeout" and result.returncode == -signal.SIGXCPU
+    assert 1 <= result.seconds < 10
+
+
+@pytest.mark.parametrize(
+    "program",
+    ["b'x' * 10**10", "chunks = []\nwhile True:\n    chunks.append(bytearray(10**6))"],
+    ids=["huge-bytes", "growing-list"],
+)
+def test_huge_allocations_are_contained(program):
+    result = run(program, SandboxLimits(memory_mb=128))
+    assert result.status == "error" and "MemoryError" in result.stderr, result
+
+
+def test_file_size_limit():
+    result = run("with open('big', 'wb') as f:\n    f.write(b'x' * 2_000_000)", SandboxLimits(max_file_bytes=1_000_000))
+    assert result.status == "error" and "File too large" in result.stderr, result
+
+
+def test_threads_are_refused_by_the_kernel():
+    # starting a thread raises no audit violation: RLIMIT_NPROC (max_processes=1) refuses it
+    result = run(
+        """
+        import threading
+        try:
+            threading.Thread(target=print).start()
+        except RuntimeError as e:
+            print("refused:", e)
+        """
+    )
+    assert result.status == "ok" and result.stdout == "refused: can't start new thread\n", result
+
+
+# ----------------------------------------------------------------------------------------------------
+# processes and signals
+
+
+def test_fork_bomb_is_stopped():
+    result = run("import os\nwhile True:\n    os.fork()")
+    assert_violation(result, "os.fork")
+
+
+def test_subprocess_loop_is_stopped():
+    result = run("import subprocess\nwhile True:\n    subprocess.Popen(['sleep', '100'])")
+    assert_violation(result, "import")
+    assert "_posixsubprocess" in result.violation
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["os.system('true')", "os.posix_spawn('/bin/true', ['true'], {})", "os.execv('/bin/true', ['true'])",
+     "os.forkpty()", "os.kill(os.getppid(), 9)", "os.killpg(os.getpgid(0), 9)",
+     "os.spawnv(os.P_WAIT, '/bin/true', ['true'])"],
+)
+def test_process_creation_and_signals_are_violations(call):
+    result = run(f"import os\n{call}\nprint('escaped')")
+    assert result.status == "violation" and "escaped" not in result.stdout, result
+    assert result.violation.split(":")[0] in ("os.system", "os.posix_spawn", "os.exec", "os.forkpty", "os.kill",
+                                                "os.killpg", "os.fork")
+
+
+# ----------------------------------------------------------------------------------------------------
+# the user's files
+
+
+@pytest.fixture()
+def open_dir():
+    """A directory anyone may enter and write (pytest's tmp_path is under a 0700 directory): only the
+    guard, not file permissions, protects what is in it."""
+    path = tempfile.mkdtemp(prefix="mgrpo-sandbox-test-")
+    os.chmod(path, 0o777)
+    yield pathlib.Path(path)
+    shutil.rmtree(path)
+
+
+@pytest.fixture()
+def precious(open_dir):
+    path = open_dir / "precious.txt"
+    path.write_text("keep me")
+    os.chmod(path, 0o666)
+    return path
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "os.system('rm -f {p}')",
+        "os.remove('{p}')",
+        "os.unlink('{p}')",
+        "os.rename('{p}', 'stolen')",
+        "os.replace('{p}', '{p}.x')",
+        "shutil.rmtree(os.path.dirname('{p}'))",
+        "shutil.move('{p}', '.')",
+        "open('{p}', 'w').write('pwned')",
+        "open('{p}', 'a').write('pwned')",
+        "os.truncate('{p}', 0)",
+        "os.close(os.open('{p}', os.O_WRONLY | os.O_TRUNC))",
+        "os.chmod('{p}', 0)",
+        "os.symlink('{p}', 'link')",
+        "os.link('{p}', 'hard')",
+        "os.chdir(os.path.dirname('{p}')); open('precious.txt', 'w')",
+        "open('../' * 20 + '{p}'.lstrip('/'), 'w')",
+    ],
+)
+def test_files_outside_the_sandbox_survive(precious, attack):
+    result = run(f"import os, shutil\n{attack.format(p=precious)}\nprint('escaped')")
+    assert result.status == "violation" and "escaped" not in result.stdout, result
+    assert precious.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    "attack, event",
+    [("open('{t}', 'w').write('x')", "open"), ("open('/tmp/mgrpo-outside.txt', 'x')", "open"),
+     ("os.mkdir('{t}.d')", "os.mkdir"), ("import shutil\nshutil.copy(__file__, '{t}')", "open")],
+)
+def test_writing_outside_the_sandbox_is_refused(open_dir, attack, event):
+    target = open_dir / "outside.txt"
+    assert_violation(run(f"import os\n{attack.format(t=target)}"), event)
+    assert not target.exists() and not os.path.exists(f"{target}.d") and not os.path.exists("/tmp/mgrpo-outside.txt")
+
+
+@pytest.mark.parametrize(
+    "attack, event",
+    [
+        ("print(open('/etc/passwd').read())", "open"),
+        ("print(open('{p}').read())", "open"),
+        ("print(open(b'{p}', 'rb').read())", "open"),
+        ("import pathlib\nprint(pathlib.Path('{p}').read_text())", "open"),
+        ("print(os.listdir('/'))", "os.listdir"),
+        ("print(list(os.scandir(os.path.dirname('{p}'))))", "os.scandir"),
+        # relative to a directory descriptor the guard cannot see: '..' is refused
+        ("fd = os.open('.', os.O_RDONLY)\n"
+         "print(os.read(os.open('../' * 30 + 'etc/passwd', os.O_RDONLY, dir_fd=fd), 9))",
+         "open"),
+    ],
+)
+def test_reading_outside_the_sandbox_is_refused(precious, attack, event):
+    result = run(f"import os\n{attack.format(p=precious)}")
+    assert_violation(result, event)
+    assert "keep me" not in result.stdout and "root:" not in result.stdout
+
+
+def test_reading_a_file_of_the_test_is_refused(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("token-1234")
+    for attack in (f"print(open({str(secret)!r}).read())", f"print(os.listdir({str(tmp_path)!r}))"):
+        result = run(f"import os\n{attack}")
+        assert result.status == "violation" and "token-1234" not in result.stdout and "secret" not in result.stdout
+
+
+# ----------------------------------------------------------------------------------------------------
+# network and native code
+
+
+@pytest.mark.parametrize(
+    "attack, event",
+    [
+        ("import socket\nsocket.socket()", "socket."),
+        ("import socket\nsocket.create_connection(('127.0.0.1', 9))", "socket."),
+        ("import socket\nsocket.getaddrinfo('example.com', 80)", "socket."),
+        ("import socket\nsocket.gethostbyname('localhost')", "socket."),
+        ("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9/')", "urllib.Request"),
+    ],
+)
+def test_network_is_refused(attack, event):
+    assert_violation(run(attack), event)
+
+
+@pytest.mark.parametrize(
+    "attack, event",
+    [
+        ("import ctypes\nctypes.CDLL(None).system(b'true')", "import"),
+        ("import _imp, importlib.machinery as m\nopen('evil.so', 'wb').write(b'\\x7fELF')\n"
+         "_imp.create_dynamic(m.ModuleSpec('evil', None, origin='evil.so'))", "import"),
+        ("(lambda: 0).__code__.replace(co_code=b'\\x00' * 8)", "code.__new__"),
+        ("import marshal\nmarshal.loads(marshal.dumps(compile('1', 's', 'eval')))", "marshal.loads"),
+        ("import _xxsubinterpreters", "import"),
+    ],
+)
+def test_native_code_is_refused(attack, event):
+    assert_violation(run(attack), event)
+
+
+# ----------------------------------------------------------------------------------------------------
+# attacks on the guard itself
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "del sys.addaudithook",
+        "sys.audit('cpython._PySys_ClearAuditHooks')",
+        "sys.addaudithook(lambda *a: None)",
+        # patch what a naive hook would call
+        "import builtins, posixpath\nos.getcwd = lambda: '/'\n"
+        "posixpath.abspath = posixpath.realpath = lambda p: '/tmp/x'\n"
+        "builtins.isinstance = builtins.any = lambda *a: True\nbuiltins.str = bytes\nbuiltins.type = lambda o: str",
+        # catch the refusal
+        "try:\n    open('/etc/passwd')\nexcept BaseException:\n    print('escaped')",
+        # patch every closure cell and default reachable from the frames above us
+        "f = sys._getframe()\nwhile f:\n    for v in [*f.f_locals.values(), *f.f_globals.values()]:\n"
+        "        for c in getattr(v, '__closure__', None) or ():\n            c.cell_contents = None\n"
+        "        if callable(v) and getattr(v, '__defaults__', None):\n            v.__defaults__ = None\n"
+        "    f = f.f_back",
+        # close every descriptor, the guard's report pipe included: the exit code still tells
+        "os.closerange(3, 1024)",
+    ],
+)
+def test_the_guard_cannot_be_removed(attack):
+    result = run(f"import os, sys\n{attack}\nopen('/etc/passwd').read()\nprint('escaped')")
+    assert result.status == "violation" and result.returncode == VIOLATION_EXIT, result
+    assert "escaped" not in result.stdout and "root:" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "attack, event",
+    [
+        ("import gc\nhooks = [o for o in gc.get_objects() if callable(o)]", "gc.get_objects"),
+        ("import gc\ngc.get_referrers(sys)", "gc.get_referrers"),
+        ("sys.settrace(lambda *a: None)", "sys.settrace"),
+        ("sys.setprofile(lambda *a: None)", "sys.setprofile"),
+        ("import resource\nresource.setrlimit(resource.RLIMIT_CPU, (100, 100))", "resource.setrlimit"),
+        ("os.chdir('/')", "os.chdir"),
+        ("os.mkdir('d')\nos.chdir('d')", "os.chdir"),  # relative paths must keep meaning the sandbox
+    ],
+)
+def test_ways_around_the_guard_are_violations(attack, event):
+    assert_violation(run(f"import os, sys\n{attack}"), event)
+
+
+def test_the_guard_also_holds_in_atexit_handlers(precious):
+    result = run(f"import atexit, os\natexit.register(os.remove, '{precious}')")
+    assert_violation(result, "os.remove")
+    assert precious.exists()
+
+
+def test_a_broken_setup_raises_instead_of_scoring(monkeypatch):
+    # an infrastructure failure in the child must not pass for the program's error (every reward 0)
+    monkeypatch.setattr(sandbox, "MAX_PRELOADS", "many")
+    with pytest.raises(RuntimeError, match="could not be set up: TypeError: slice indices"):
+        run_python("print(1)")
+
+
+def test_the_program_cannot_fake_a_setup_failure():
+    result = run(
+        """
+        import os
+        for fd in range(3, 64):
+            try:
+                os.write(fd, b"setup failed")
+            except OSError:
+                pass
+        """
+    )
+    assert result.status == "violation"  # it wrote into the guard's report pipe: its own loss, not ours
+
+
+def test_the_parent_keeps_its_own_limits():
+    before = [resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC")]
+    run("print(1)")
+    assert before == [resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC")]
