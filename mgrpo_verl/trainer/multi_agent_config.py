@@ -616,6 +616,7 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
     magrpo, cooperation = MAGRPOConfig(), CooperationConfig()
     if algorithm == "magrpo":
         magrpo, cooperation = parse_cooperation(section)
+        _check_magrpo_batches(config, magrpo, cooperation)
         n = _select(config, "actor_rollout_ref.rollout.n")
         if n != 1:
             raise ValueError(
@@ -875,6 +876,27 @@ def parse_decoupled(raw: Any, ma: MultiAgentConfig) -> DecoupledSettings:
             )
         values["train_agent"] = train
     return DecoupledSettings(**values)
+
+
+def _check_magrpo_batches(config: DictConfig, magrpo: MAGRPOConfig, coop: CooperationConfig) -> None:
+    """verl splits a model's rows into mini- and micro-batches and asserts they divide evenly. A model gets
+    B x G first-turn rows, plus G rows per node expanded at a later turn (their number varies with early
+    termination), so every such size must divide B x G (one turn) or G (several turns)."""
+    g = magrpo.num_generations
+    batch = _select(config, "data.train_batch_size")
+    unit = g if coop.num_turns > 1 else (batch * g if _is_int(batch) else None)
+    if unit is None:
+        return
+    for key in ("actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
+        value = _select(config, key)
+        if _is_int(value) and value > 0 and unit % value:
+            what = "multi_agent.magrpo.num_generations" if coop.num_turns > 1 else "data.train_batch_size x num_generations"
+            raise ValueError(
+                f"{key} is {value} but a model's rows come in multiples of {unit} ({what}); verl needs whole "
+                f"mini- and micro-batches: set it to a divisor of {unit}"
+            )
 
 
 def _rollout_correction_active(value: Any) -> bool:

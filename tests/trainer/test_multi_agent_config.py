@@ -550,3 +550,28 @@ def test_null_urls_are_unset():
 def test_bad_decoupled_values(config, match):
     with pytest.raises(ValueError, match=match):
         parse_multi_agent(config())
+
+
+# ------------------------------------------------------------------------------------ MAGRPO batch sizes
+
+
+def _magrpo(turns, **sizes):
+    return base_config(
+        multi_agent={"algorithm": "magrpo", "magrpo": {"num_generations": 4}, "cooperation": {"num_turns": turns}},
+        actor_rollout_ref={"rollout": {"n": 1, **sizes.get("rollout", {})}, "actor": sizes.get("actor", {})},
+        data={"train_batch_size": 4},
+    )
+
+
+def test_magrpo_batch_sizes():
+    # one turn: 4 tasks x G 4 = 16 rows per model: 8 divides, 6 does not
+    assert parse_multi_agent(_magrpo(1, actor={"ppo_mini_batch_size": 8})).cooperation.num_turns == 1
+    with pytest.raises(ValueError, match="ppo_mini_batch_size is 6 .* multiples of 16"):
+        parse_multi_agent(_magrpo(1, actor={"ppo_mini_batch_size": 6}))
+    # two turns: rows come in multiples of G = 4, so a micro-batch of 8 may not divide them
+    with pytest.raises(ValueError, match="log_prob_micro_batch_size_per_gpu is 8 .* multiples of 4 .*num_generations"):
+        parse_multi_agent(_magrpo(2, rollout={"log_prob_micro_batch_size_per_gpu": 8}))
+    with pytest.raises(ValueError, match="rollout.n is 4 but multi_agent.algorithm is magrpo"):
+        parse_multi_agent(base_config(multi_agent={"algorithm": "magrpo", "magrpo": {"num_generations": 4}}))
+    with pytest.raises(ValueError, match="num_generations must be set"):
+        parse_multi_agent(base_config(multi_agent={"algorithm": "magrpo"}, actor_rollout_ref={"rollout": {"n": 1}}))
