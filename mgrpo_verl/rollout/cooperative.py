@@ -41,9 +41,9 @@ from uuid import uuid4
 from omegaconf import DictConfig, OmegaConf
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
-from verl.utils import hf_tokenizer, normalize_token_ids
+from verl.utils import normalize_token_ids
 
-from mgrpo_verl.rollout.delegation import _TOKENIZERS, _agent_setting, _generate, _Generation, _tokenizer_path
+from mgrpo_verl.rollout.delegation import _generate, _Generation, _SubAgent, resolve_agent
 from mgrpo_verl.trainer.multi_agent_config import parse_cooperation
 
 logger = logging.getLogger(__name__)
@@ -109,15 +109,6 @@ class _Node:
     history: dict[str, list[Turn]]  # per agent (all agents see the same turns)
 
 
-@dataclass(frozen=True)
-class _Agent:
-    name: str
-    client: Any
-    tokenizer: Any
-    prompt_length: int
-    response_tokens: int
-
-
 @register(AGENT_LOOP_NAME)
 class CooperativeLoop(AgentLoopBase):
     """MAGRPO's cooperative rollout (see the module docstring)."""
@@ -131,7 +122,7 @@ class CooperativeLoop(AgentLoopBase):
 
         task = task_for(kwargs.get("data_source"))
         item = kwargs["reward_model"]["ground_truth"]
-        agents = {name: self._agent(name) for name in task.agents}
+        agents = {name: resolve_agent(self, name, self.settings.response_tokens) for name in task.agents}
         prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
         s = self.settings
 
@@ -184,7 +175,7 @@ class CooperativeLoop(AgentLoopBase):
             )
         return out
 
-    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, _Agent], node: _Node, sampling_params):
+    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, _SubAgent], node: _Node, sampling_params):
         """The children of ``node``: G completions per agent, joined, scored."""
         s = self.settings
         prompts = {}
@@ -224,7 +215,7 @@ class CooperativeLoop(AgentLoopBase):
             children.append((child, per_agent, outcome))
         return children, n_failed
 
-    async def _complete(self, agent: _Agent, prompt_ids: list[int], sampling_params) -> _Generation | None:
+    async def _complete(self, agent: _SubAgent, prompt_ids: list[int], sampling_params) -> _Generation | None:
         try:
             return await asyncio.wait_for(
                 _generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
@@ -233,19 +224,3 @@ class CooperativeLoop(AgentLoopBase):
         except Exception as exc:  # a failed generation is an empty completion, counted
             logger.warning("agent %r generation failed: %r", agent.name, exc)
             return None
-
-    def _agent(self, name: str) -> _Agent:
-        manager = self.server_manager
-        client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
-        agent_config = getattr(client, "config", None)
-        path = _tokenizer_path(agent_config)
-        tokenizer = self.tokenizer
-        if path is not None and path != _tokenizer_path(self.config):
-            if path not in _TOKENIZERS:
-                trust = bool(_agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
-                _TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
-            tokenizer = _TOKENIZERS[path]
-        rollout = "actor_rollout_ref.rollout"
-        prompt_length = int(_agent_setting(agent_config, f"{rollout}.prompt_length", self.rollout_config.prompt_length))
-        response_length = int(_agent_setting(agent_config, f"{rollout}.response_length", self.rollout_config.response_length))
-        return _Agent(name, client, tokenizer, prompt_length, min(self.settings.response_tokens, response_length))

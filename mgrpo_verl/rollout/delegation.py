@@ -274,6 +274,29 @@ async def _generate(
     return _Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
 
 
+def resolve_agent(loop: AgentLoopBase, name: str, response_tokens: int) -> _SubAgent:
+    """Where agent ``name``'s generations go, as seen from ``loop``: ``loop.server_manager.for_agent(name)``
+    (which raises for an unknown name), or the server manager itself without ``for_agent``. From that
+    client's ``config`` (the agent's full config), when it has one: ``actor_rollout_ref.model.tokenizer_path``
+    (or ``.path``) picks the tokenizer (the loop's own when equal or absent, loaded once per process),
+    ``actor_rollout_ref.rollout.prompt_length`` / ``response_length`` cap its prompts and completions
+    (default: the loop's rollout config); completions are also capped at ``response_tokens``."""
+    manager = loop.server_manager
+    client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
+    agent_config = getattr(client, "config", None)
+    path = _tokenizer_path(agent_config)
+    tokenizer = loop.tokenizer
+    if path is not None and path != _tokenizer_path(loop.config):
+        if path not in _TOKENIZERS:
+            trust = bool(_agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+            _TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
+        tokenizer = _TOKENIZERS[path]
+    rollout = "actor_rollout_ref.rollout"
+    prompt_length = int(_agent_setting(agent_config, f"{rollout}.prompt_length", loop.rollout_config.prompt_length))
+    response_length = int(_agent_setting(agent_config, f"{rollout}.response_length", loop.rollout_config.response_length))
+    return _SubAgent(name, client, tokenizer, prompt_length, min(response_tokens, response_length))
+
+
 def _preempted(generations: list[_Generation]) -> int:
     counts = [g.num_preempted for g in generations if g.num_preempted is not None]
     return sum(counts) if counts else -1
@@ -516,23 +539,7 @@ class RelayDelegationLoop(AgentLoopBase):
 
     def _build_sub_agent(self) -> _SubAgent:
         """:meth:`_resolve_sub_agent` without the memo."""
-        name = self.settings.sub_agent
-        manager = self.server_manager
-        client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
-        agent_config = getattr(client, "config", None)
-        path = _tokenizer_path(agent_config)
-        tokenizer = self.tokenizer
-        if path is not None and path != _tokenizer_path(self.config):
-            if path not in _TOKENIZERS:
-                trust = bool(_agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
-                _TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
-            tokenizer = _TOKENIZERS[path]
-        rollout = "actor_rollout_ref.rollout"
-        prompt_length = int(_agent_setting(agent_config, f"{rollout}.prompt_length", self.rollout_config.prompt_length))
-        response_length = int(_agent_setting(agent_config, f"{rollout}.response_length", self.response_length))
-        return _SubAgent(
-            name, client, tokenizer, prompt_length, min(self.settings.sub_response_tokens, response_length)
-        )
+        return resolve_agent(self, self.settings.sub_agent, self.settings.sub_response_tokens)
 
     def _sub_prompt(self, sub: _SubAgent, digit: str, plan_text: str) -> list[int]:
         """Prompt token ids of a sub-agent call (its own tokenizer), left-truncated to its prompt length."""
