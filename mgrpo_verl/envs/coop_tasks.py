@@ -27,18 +27,30 @@ CODE_SOURCE = "mgrpo_verl/coop_code"
 WRITING_SOURCE = "mgrpo_verl/coop_writing"
 
 
-def _history_messages(messages: list[dict[str, str]], agent: str, history: list[Turn], with_peer) -> list[dict[str, str]]:
-    """The first-turn messages plus, for each earlier turn, what the agents wrote and the feedback."""
-    out = list(messages)
-    for turn in history:
-        for peer, text in turn.outputs.items():
-            out = with_peer(out, "you" if peer == agent else peer, text)
-        if turn.feedback:
-            out = out[:-1] + [{**out[-1], "content": out[-1]["content"] + f"\n\nFeedback: {turn.feedback}\nImprove your part."}]
-    return out
+class _CoopTask:
+    """What both tasks share: later turns are the first-turn prompt plus the earlier turns (every agent's
+    text through the task's ``with_peer``, the agent's own as :attr:`self_role`) and the feedback."""
+
+    self_role = "you"
+
+    def first_messages(self, item: Any, agent: str) -> list[dict[str, str]]:
+        raise NotImplementedError
+
+    def with_peer(self, messages: list[dict[str, str]], peer: str, text: str) -> list[dict[str, str]]:
+        raise NotImplementedError
+
+    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
+        out = self.first_messages(item, agent)
+        for turn in history:
+            for peer, text in turn.outputs.items():
+                out = self.with_peer(out, self.self_role if peer == agent else peer, text)
+            if turn.feedback:
+                last = out[-1]
+                out = out[:-1] + [{**last, "content": last["content"] + f"\n\nFeedback: {turn.feedback}\nImprove your part."}]
+        return out
 
 
-class CodeTask:
+class CodeTask(_CoopTask):
     """HumanEval coding collaboration (see the module docstring)."""
 
     agents = ("helper", "main")
@@ -50,17 +62,11 @@ class CodeTask:
 
         return {p.task_id: p for p in load_humaneval()}
 
-    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
+    def first_messages(self, item: Any, agent: str) -> list[dict[str, str]]:
         from mgrpo_verl.envs import coop_code
 
         problem = self.problems[str(item)]
-        first = coop_code.helper_messages(problem) if agent == "helper" else coop_code.main_messages(problem)
-        return _history_messages(first, agent, history, coop_code.with_peer)
-
-    self_role = "you"
-
-    def first_messages(self, item: Any, agent: str) -> list[dict[str, str]]:
-        return self.messages(item, agent, [])
+        return coop_code.helper_messages(problem) if agent == "helper" else coop_code.main_messages(problem)
 
     def single_messages(self, item: Any) -> list[dict[str, str]]:
         from mgrpo_verl.envs import coop_code
@@ -86,7 +92,7 @@ class CodeTask:
         return CoopReward(float(s.reward), info, feedback)
 
 
-class WritingTask:
+class WritingTask(_CoopTask):
     """Writing collaboration on Wikipedia summaries (see the module docstring)."""
 
     agents = ("summary", "details")
@@ -98,16 +104,10 @@ class WritingTask:
 
         return {a.title: a for a in load_wiki_summaries()}
 
-    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
+    def first_messages(self, item: Any, agent: str) -> list[dict[str, str]]:
         from mgrpo_verl.envs import coop_writing
 
-        return _history_messages(coop_writing.agent_messages(self.articles[str(item)], agent), agent, history,
-                                 coop_writing.with_peer)
-
-    self_role = "you"
-
-    def first_messages(self, item: Any, agent: str) -> list[dict[str, str]]:
-        return self.messages(item, agent, [])
+        return coop_writing.agent_messages(self.articles[str(item)], agent)
 
     def single_messages(self, item: Any) -> list[dict[str, str]]:
         from mgrpo_verl.envs import coop_writing
