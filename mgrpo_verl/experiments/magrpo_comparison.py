@@ -1,0 +1,233 @@
+"""MAGRPO-trained agents vs the no-training baselines, over training steps: run, tabulate, plot.
+
+``python -m mgrpo_verl.experiments.magrpo_comparison run --out DIR --seeds 0 1 2 --steps 40`` does, on the
+task's validation items (``--problems`` items, ``--samples`` joint samples each, sampled at temperature 1):
+
+1. the four baselines with the initial models (single, parallel, sequential, discussion:
+   :mod:`mgrpo_verl.experiments.coop_baselines`), once: ``DIR/untrained``;
+2. per seed, MAGRPO training (``python -m mgrpo_verl.main_ppo --config-name magrpo_trainer`` with
+   ``coop_task``, the seed, and a Hugging Face export of every agent every ``--eval-every`` steps), then the
+   trained agents under the parallel protocol (MAGRPO's own: every agent writes its part at once) at each
+   saved step, and under all four protocols at the last one: ``DIR/seed<k>/step<n>``.
+
+``report --runs DIR --out docs/results`` writes ``magrpo_<task>.md`` (mean ± std over seeds of the joint
+reward and its parts, per protocol, untrained vs trained) and ``magrpo_<task>.png`` (held-out joint
+reward against step, with the untrained baselines as horizontal lines). ``recipes/magrpo_comparison.sh``
+does both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from mgrpo_verl.experiments import coop_baselines
+
+#: ``coop_task`` group of magrpo_trainer.yaml for each task of coop_baselines
+COOP_TASK = {"coop_writing": "writing", "coop_code": "code"}
+
+#: What each agent's checkpoint exports, so that the evaluation can load it (verl's ``save_contents``).
+SAVE_CONTENTS = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
+
+
+def _baselines(task: str, out: Path, problems: int, samples: int, max_tokens: int, protocols: list[str],
+               models: Optional[dict[str, Path]] = None) -> None:  # fmt: skip
+    """One coop_baselines evaluation into ``out`` (skipped when its records exist)."""
+    if (out / f"{task}_records.jsonl").is_file():
+        return
+    argv = ["--task", task, "--problems", str(problems), "--samples", str(samples), "--max-tokens", str(max_tokens),
+            "--out", str(out), "--protocols", *protocols]  # fmt: skip
+    for agent, path in (models or {}).items():
+        argv += ["--model", f"{agent}={path}"]
+    coop_baselines.main(argv)
+
+
+def _agent_exports(step_dir: Path) -> dict[str, Path]:
+    """agent -> its Hugging Face export in a ``global_step_N`` folder."""
+    exports = {p.parent.parent.name: p for p in sorted(step_dir.glob("agents/*/actor/huggingface"))}
+    if not exports:
+        raise SystemExit(f"{step_dir} has no Hugging Face export (agents/*/actor/huggingface)")
+    return exports
+
+
+def run_all(out: Path, task: str, seeds: list[int], steps: int, eval_every: int, problems: int, samples: int,
+            max_tokens: int, extra: list[str]) -> None:  # fmt: skip
+    """Every step of the module docstring that has not finished yet, printing progress."""
+    print("untrained baselines ...", flush=True)
+    _baselines(task, out / "untrained", problems, samples, max_tokens, list(coop_baselines.PROTOCOLS))
+    for seed in seeds:
+        run_dir = out / f"seed{seed}"
+        ckpt = run_dir / "ckpt"
+        if not (run_dir / "trained").is_file():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            args = [
+                sys.executable, "-m", "mgrpo_verl.main_ppo", "--config-name", "magrpo_trainer",
+                f"coop_task={COOP_TASK[task]}", f"trainer.total_training_steps={steps}",
+                f"trainer.save_freq={eval_every}", "trainer.test_freq=-1", "trainer.val_before_train=false",
+                "trainer.resume_mode=disable", f"trainer.default_local_dir={ckpt}", SAVE_CONTENTS,
+                f"mgrpo_verl.metrics_file={run_dir / 'metrics.jsonl'}", f"data.seed={seed}",
+                f"trainer.experiment_name=magrpo_{task}_seed{seed}", *extra,
+            ]  # fmt: skip
+            print(f"seed {seed}: training {steps} steps ...", flush=True)
+            start = time.monotonic()
+            with open(run_dir / "log.txt", "w") as log:
+                proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            if proc.returncode != 0:
+                raise SystemExit(f"seed {seed} training failed (exit {proc.returncode}); see {run_dir / 'log.txt'}")
+            (run_dir / "trained").write_text(f"{time.monotonic() - start:.0f}\n")
+            print(f"seed {seed}: trained in {time.monotonic() - start:.0f} s", flush=True)
+        saved = sorted(ckpt.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+        for step_dir in saved:
+            step = int(step_dir.name.rsplit("_", 1)[1])
+            protocols = list(coop_baselines.PROTOCOLS) if step_dir == saved[-1] else ["parallel"]
+            print(f"seed {seed}: evaluating step {step} ({', '.join(protocols)}) ...", flush=True)
+            _baselines(task, run_dir / f"step{step}", problems, samples, max_tokens, protocols, _agent_exports(step_dir))
+
+
+# ----------------------------------------------------------------------------------------------------
+# report
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def collect(runs: Path, task: str) -> dict[str, Any]:
+    """``{"untrained": {protocol: summary}, "seeds": {seed: {step: {protocol: summary}}}}`` (summaries of
+    :func:`coop_baselines.summarize`), plus the training reward curves."""
+    from mgrpo_verl.envs.coop_tasks import TASK_SOURCES, task_for
+
+    info_keys = task_for(TASK_SOURCES[task]).info_keys
+    untrained = runs / "untrained" / f"{task}_records.jsonl"
+    if not untrained.is_file():
+        raise SystemExit(f"no untrained baselines under {runs} (run the 'run' step first)")
+    result: dict[str, Any] = {"untrained": coop_baselines.summarize(_records(untrained), info_keys), "seeds": {}, "train": {}}
+    for run_dir in sorted(runs.glob("seed*")):
+        seed = int(run_dir.name[4:])
+        steps = {}
+        for step_dir in run_dir.glob("step*"):
+            records = step_dir / f"{task}_records.jsonl"
+            if records.is_file():
+                steps[int(step_dir.name[4:])] = coop_baselines.summarize(_records(records), info_keys)
+        if steps:
+            result["seeds"][seed] = dict(sorted(steps.items()))
+        metrics = run_dir / "metrics.jsonl"
+        if metrics.is_file():
+            curve = {}
+            for line in metrics.read_text().splitlines():
+                record = json.loads(line) if line.strip() else {}
+                rewards = [v for k, v in record.get("data", {}).items() if k.startswith("agent/") and k.endswith("/score/mean")]
+                if rewards:
+                    curve[int(record["step"])] = float(rewards[0])  # the joint reward: the same for every agent
+            result["train"][seed] = curve
+    return result
+
+
+def markdown(result: dict[str, Any], task: str) -> str:
+    """Per protocol: the untrained agents' metrics vs the trained agents' at each seed's last step."""
+    seeds = result["seeds"]
+    last = {seed: steps[max(steps)] for seed, steps in seeds.items() if steps}
+    keys = sorted({k for row in result["untrained"].values() for k in row if k != "samples"}, key=lambda k: (k != "reward", k))
+    steps = sorted({max(s) for s in seeds.values() if s})
+    lines = [f"### {task}: no training vs MAGRPO ({len(last)} seeds, step {'/'.join(map(str, steps)) or '-'})", "",
+             "Mean over validation items × samples (temperature 1); trained: mean ± std over seeds.", "",
+             "| protocol | agents | " + " | ".join(keys) + " |", "|---|---|" + "---:|" * len(keys)]  # fmt: skip
+    for protocol in coop_baselines.PROTOCOLS:
+        if protocol in result["untrained"]:
+            row = result["untrained"][protocol]
+            lines.append(f"| {protocol} | untrained | " + " | ".join(f"{row.get(k, math.nan):.3f}" for k in keys) + " |")
+        trained = [s[protocol] for s in last.values() if protocol in s]
+        if trained:
+            cells = []
+            for k in keys:
+                mean, std = _mean_std([t[k] for t in trained if k in t])
+                cells.append(f"{mean:.3f} ± {std:.3f}")
+            lines.append(f"| {protocol} | MAGRPO | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], task: str, path: Path) -> None:
+    """Held-out joint reward (parallel protocol) against step per seed and their mean; the untrained
+    baselines as horizontal lines; the training reward thin and dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.8, 4.2))
+    curves = {seed: {0: result["untrained"]["parallel"]["reward"], **{k: v["parallel"]["reward"] for k, v in steps.items()}}
+              for seed, steps in result["seeds"].items() if "parallel" in result["untrained"]}  # fmt: skip
+    for curve in curves.values():
+        ax.plot(sorted(curve), [curve[k] for k in sorted(curve)], color="C0", alpha=0.3, linewidth=1)
+    if curves:
+        common = sorted(set.intersection(*(set(c) for c in curves.values())))
+        ax.plot(common, [sum(c[k] for c in curves.values()) / len(curves) for k in common], color="C0", linewidth=2.5,
+                marker="o", label=f"MAGRPO, held-out, parallel (mean of {len(curves)} seeds)")  # fmt: skip
+    for seed, curve in result["train"].items():
+        ax.plot(sorted(curve), [curve[k] for k in sorted(curve)], color="C0", alpha=0.25, linewidth=0.8, linestyle="--",
+                label="MAGRPO, training reward" if seed == min(result["train"]) else None)  # fmt: skip
+    for i, (protocol, row) in enumerate(result["untrained"].items(), 1):
+        ax.axhline(row["reward"], color=f"C{i}", linestyle=":", linewidth=1.5, label=f"untrained, {protocol}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("joint reward")
+    ax.set_title(f"MAGRPO on {task} (CPU, tiny models) vs no-training baselines")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(runs: Path, out: Path, task: str) -> str:
+    result = collect(runs, task)
+    table = markdown(result, task)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"magrpo_{task}.md").write_text(table)
+    plot(result, task, out / f"magrpo_{task}.png")
+    return table
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    r = commands.add_parser("run", help="baselines, MAGRPO training per seed, evaluation of the saved steps")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--task", choices=sorted(COOP_TASK), default="coop_writing")
+    r.add_argument("--seeds", type=int, nargs="+", default=[0])
+    r.add_argument("--steps", type=int, default=40)
+    r.add_argument("--eval-every", type=int, default=10)
+    r.add_argument("--problems", type=int, default=32)
+    r.add_argument("--samples", type=int, default=4)
+    r.add_argument("--max-tokens", type=int, default=48, help="as multi_agent.cooperation.response_tokens")
+    r.add_argument("overrides", nargs="*", help="extra Hydra overrides of the training runs (after --)")
+    p = commands.add_parser("report", help="table and plot of finished runs")
+    p.add_argument("--runs", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=Path("docs/results"))
+    p.add_argument("--task", choices=sorted(COOP_TASK), default="coop_writing")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        if args.steps < 1 or args.eval_every < 1:
+            parser.error("--steps and --eval-every must be >= 1")
+        run_all(args.out, args.task, args.seeds, args.steps, args.eval_every, args.problems, args.samples,
+                args.max_tokens, args.overrides)  # fmt: skip
+    else:
+        print(report(args.runs, args.out, args.task))
+
+
+if __name__ == "__main__":
+    main()
