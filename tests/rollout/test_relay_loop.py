@@ -172,7 +172,12 @@ def test_three_calls_rows_routing_tokens_and_fields(tokenizer):
     ]  # fmt: skip
     # team reward on every row (what verl would copy from the final row anyway); no reward loop needed
     assert [r.reward_score for r in rows] == [0.125] * 4
-    assert top.extra_fields["reward_extra_info"] == {"acc": 0.125, "calls": 3}
+    # per-query statistics: main generated plan (3 tokens) + answer (1); the subs "44", "41", "x"
+    sub_tokens = sum(len(_ids(tokenizer, t)) for t in ("44", "41", "x"))
+    assert top.extra_fields["reward_extra_info"] == {
+        "acc": 0.125, "calls": 3, "failed_calls": 0, "main_tokens": 4, "sub_tokens": sub_tokens,
+        "answer": "4", "source": "", "level": "", "id": ""
+    }
     # global-step tags: the sub's own weight version; main = min / max over its plan (3) and answer (5)
     tags = [(r.extra_fields["min_global_steps"], r.extra_fields["max_global_steps"]) for r in rows]
     assert tags == [(7, 7)] * 3 + [(3, 5)]
@@ -436,3 +441,38 @@ def test_sub_side_loop_is_the_synchronous_call(tokenizer):
     assert (meta["agent"], meta["traj_id"], meta["parent_traj_id"]) == ("sub", "u1/2/sub/0", "u1/2/main")
     assert meta["score"] == pytest.approx(relay.default_scorer("sub", "4x", DIGIT)) == row.reward_score
     assert row.extra_fields["min_global_steps"] == 4
+
+
+def test_sub_prompt_hook_delegates_the_row_question_and_tags_the_query(tokenizer):
+    """With ``delegation.sub_prompt`` set (another task on the forced-delegation loop, e.g. deep research),
+    each call is prompted with ``sub_prompt(sub, question + "\\n" + plan)``; the query's tags come from
+    ``extra_info`` and the answer text is kept for the evaluation."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    plan_ids = _ids(tokenizer, "76") + [im_end]  # d = 51 % 4 = 3 with min 0 / max 3, as above; cap max to 1
+    sub = FakeAgent([(_ids(tokenizer, "Paris"), None)])
+    main = FakeManager([(plan_ids, None), (_ids(tokenizer, "Answer: Paris"), None)], sub)
+    config = _config(plan_tokens=4, answer_tokens=8, min_calls=1, max_calls=1,
+                     sub_prompt="mgrpo_verl.envs.research.prompts:sub_messages")  # fmt: skip
+    extra = {"question": "Capital of France?", "source": "gaia", "level": "2", "id": "q7"}
+    rows = _run(main, tokenizer, config, extra_info=extra)
+    from mgrpo_verl.envs.research import prompts
+
+    # left-truncated to the sub-agent's prompt_length (64 in _config), as every sub prompt
+    expected = _chat_ids(tokenizer, prompts.sub_messages("sub", "Capital of France?\n76"))[-64:]
+    assert len(sub.calls) == 1 and sub.calls[0]["prompt_ids"] == expected
+    info = rows[-1].extra_fields["reward_extra_info"]
+    assert (info["source"], info["level"], info["id"], info["answer"]) == ("gaia", "2", "q7", "Answer: Paris")
+    assert (info["calls"], info["failed_calls"], info["sub_tokens"]) == (1, 0, len(_ids(tokenizer, "Paris")))
+
+
+def test_sub_prompt_hook_without_a_question_delegates_the_plan(tokenizer):
+    """A row without ``extra_info.question``: the task is the plan alone."""
+    from mgrpo_verl.envs.research import prompts
+
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sub = FakeAgent([(_ids(tokenizer, "x"), None)])
+    main = FakeManager([(_ids(tokenizer, "76") + [im_end], None), (_ids(tokenizer, "4"), None)], sub)
+    config = _config(plan_tokens=4, answer_tokens=3, min_calls=1, max_calls=1,
+                     sub_prompt="mgrpo_verl.envs.research.prompts:sub_messages")  # fmt: skip
+    _run(main, tokenizer, config)
+    assert sub.calls[0]["prompt_ids"] == _chat_ids(tokenizer, prompts.sub_messages("sub", "76"))[-64:]

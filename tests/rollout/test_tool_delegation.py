@@ -204,7 +204,14 @@ def check_contract(rows, main_score):
     assert all(r.reward_score == main_score for r in rows)
     for r in rows:
         assert len(r.response_ids) == len(r.response_mask) == len(r.response_logprobs)
-        assert r.extra_fields["reward_extra_info"] == {"acc": main_score, "calls": meta(rows[-1])["calls"]}
+        info = r.extra_fields["reward_extra_info"]
+        assert (info["acc"], info["calls"]) == (main_score, meta(rows[-1])["calls"])
+        assert info["failed_calls"] == meta(rows[-1])["failed_calls"]
+        # tokens generated: the main row's and the sub rows' mask-1 tokens (nothing cut in these tests)
+        assert info["main_tokens"] == sum(rows[-1].response_mask)
+        assert info["sub_tokens"] == sum(sum(s.response_mask) for s in rows[:-1])
+        assert (info["source"], info["level"], info["id"]) == ("", "", "")
+        assert isinstance(info["answer"], str)
         assert set(meta(r)) == {"agent", "traj_id", "parent_traj_id", "score", "calls", "failed_calls", "observation_truncated"}
     list_of_dict_to_tensordict([r.as_dict() for r in rows])  # what AgentLoopWorkerTQ stores
 
@@ -356,6 +363,9 @@ def test_main_agents_own_tools_run_beside_delegation(tokenizer):
     assert '"name": "add"' in main.calls[0]["prompt"] and '"name": "ask_sub"' in main.calls[0]["prompt"]
     assert "<tool_response>\n3\n</tool_response>\n<tool_response>\n4\n</tool_response>" in observed(tokenizer, rows[-1])
     assert (meta(rows[-1])["calls"], meta(rows[-1])["failed_calls"]) == (1, 0)
+    # per-query tool usage: the main agent's add once, the sub-agent's read_secret once; delegation not counted
+    info = rows[-1].extra_fields["reward_extra_info"]
+    assert (info["tool/add"], info["tool/read_secret"]) == (1, 1) and "tool/ask_sub" not in info
 
 
 def test_custom_scorer_and_sub_prompt(tokenizer, tmp_path):

@@ -1,0 +1,296 @@
+"""Evaluate trained deep-research systems on benchmarks: the paper-style table plus per-agent statistics.
+
+Two steps, ``run`` then ``report`` (``recipes/research_eval.sh`` does both)::
+
+    python -m mgrpo_verl.experiments.research_eval run --out runs/research_eval \\
+        --benchmark builtin --benchmark data/gaia_text.parquet \\
+        --system joint=runs/research/joint/ckpt/global_step_40 \\
+        --system frozen=runs/research/frozen/ckpt/global_step_40 \\
+        --system single=runs/research/single/ckpt/global_step_40 \\
+        [-- extra Hydra overrides, e.g. the GPU recipe's]
+    python -m mgrpo_verl.experiments.research_eval report --runs runs/research_eval --out docs/results
+
+``run`` evaluates each system with the real trainer: ``python -m mgrpo_verl.main_ppo research=<preset>``
+(``--preset cpu``, the default, or ``gpu``: ``mgrpo_verl/config/research/``) with ``trainer.val_only=true``, the system's checkpoint (``trainer.resume_mode=
+resume_path``; ``untrained`` for the initial models), its variant's overrides (``joint``, ``frozen``,
+``single``: :data:`mgrpo_verl.experiments.baselines.VARIANTS`; the name before ``=`` picks the variant
+when it is one of those, ``NAME:VARIANT=PATH`` otherwise) and every benchmark as ``data.val_files``.
+verl's validation runs the same multi-agent rollout as training (per-agent servers, tools, delegation)
+and dumps every query (``trainer.validation_data_dir``) with the loop's per-query statistics
+(:func:`mgrpo_verl.rollout.delegation.query_stats`). Benchmarks are parquet files in the research layout
+(``mgrpo_verl.envs.research.loaders`` converts GAIA, XBench-DeepSearch and WebWalkerQA files; ``builtin``
+is the built-in multi-hop questions' validation split); the table names each by its rows' source.
+
+``report`` reads the dumps back, one record per query, rescoring the main agent's final answer against
+the accepted answers with exact match and token F1 (``--judge`` adds an LLM judge's accuracy through the
+OpenAI-compatible endpoint named by ``MGRPO_JUDGE_*``, see :mod:`mgrpo_verl.envs.research.rewards`), and
+writes ``research_eval.md`` (accuracy per benchmark and level, per system; per-agent statistics: calls per
+query, failed calls, tool calls per query by tool, tokens per query of each agent) and
+``research_eval.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from mgrpo_verl.experiments.baselines import VARIANTS
+
+#: The benchmark spec meaning "the built-in questions' validation split".
+BUILTIN = "builtin"
+
+#: Statistics of a query's ``reward_extra_info`` that the report averages (``tool/<name>`` added as found).
+STAT_KEYS = ("calls", "failed_calls", "main_tokens", "sub_tokens")
+
+#: What ``run`` writes the per-query dump and the log of one system to, under ``--out``.
+GENERATIONS, LOG, DONE = "generations", "log.txt", "done"
+
+
+@dataclass(frozen=True)
+class System:
+    """A system to evaluate: ``name`` (the table's row), ``variant`` (a key of ``VARIANTS``) and its
+    checkpoint (a ``global_step_N`` folder), ``None`` for the initial models."""
+
+    name: str
+    variant: str
+    checkpoint: Optional[Path]
+
+    @classmethod
+    def parse(cls, spec: str) -> System:
+        """``NAME=PATH`` (NAME a variant), ``NAME:VARIANT=PATH``; PATH ``untrained`` for no checkpoint.
+
+        Raises:
+            ValueError: a malformed spec, an unknown variant, or a checkpoint that is not a
+                ``global_step_N`` folder.
+        """
+        head, sep, path = spec.partition("=")
+        if not sep or not head or not path:
+            raise ValueError(f"--system takes NAME=PATH or NAME:VARIANT=PATH, got {spec!r}")
+        name, _, variant = head.partition(":")
+        variant = variant or name
+        if variant not in VARIANTS:
+            raise ValueError(f"--system {spec!r}: unknown variant {variant!r}; variants are {sorted(VARIANTS)}")
+        if path == "untrained":
+            return cls(name, variant, None)
+        checkpoint = Path(path)
+        if not checkpoint.is_dir() or not checkpoint.name.startswith("global_step_"):
+            raise ValueError(f"--system {spec!r}: {path} is not a global_step_N checkpoint folder")
+        return cls(name, variant, checkpoint.resolve())
+
+
+def parse_benchmark(spec: str) -> Optional[Path]:
+    """A parquet file in the research layout, or ``None`` for ``builtin`` (the built-in questions).
+
+    Raises:
+        ValueError: a missing file.
+    """
+    if spec == BUILTIN:
+        return None
+    if not Path(spec).is_file():
+        raise ValueError(f"--benchmark {spec!r}: no such file (a converted benchmark parquet, or 'builtin')")
+    return Path(spec).resolve()
+
+
+def eval_command(system: System, val_files: Sequence[str], out: Path, preset: str, extra: Sequence[str]) -> list[str]:
+    """The ``main_ppo`` command line evaluating ``system`` on ``val_files``, dumping into ``out``."""
+    resume = (
+        ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={system.checkpoint}"]
+        if system.checkpoint
+        else ["trainer.resume_mode=disable"]
+    )
+    files = ",".join(json.dumps(str(f)) for f in val_files)
+    return [
+        sys.executable, "-m", "mgrpo_verl.main_ppo", f"research={preset}",
+        "trainer.val_only=true", "trainer.val_before_train=true", f"mgrpo_verl.metrics_file={out / 'metrics.jsonl'}",
+        f"data.val_files=[{files}]", f"trainer.validation_data_dir={out / GENERATIONS}",
+        f"trainer.default_local_dir={out / 'unused_ckpt'}", f"trainer.experiment_name=eval_{system.name}",
+        *resume, *VARIANTS[system.variant], *extra,
+    ]  # fmt: skip
+
+
+def run_all(out: Path, systems: Sequence[System], benchmarks: Sequence[Optional[Path]],
+            preset: str, extra: Sequence[str]) -> None:
+    """Evaluate every system without a finished dump yet, one process after another, printing progress."""
+    from mgrpo_verl.envs.builtin import task_files
+
+    val_files = [str(path) if path else str(task_files("research")[1]) for path in benchmarks]
+    for i, system in enumerate(systems, 1):
+        directory = out / system.name
+        if (directory / DONE).is_file():
+            print(f"[{i}/{len(systems)}] {system.name}: evaluated already, skipped", flush=True)
+            continue
+        directory.mkdir(parents=True, exist_ok=True)
+        print(f"[{i}/{len(systems)}] {system.name} ({system.variant}, {system.checkpoint or 'untrained'}) ...", flush=True)
+        start = time.monotonic()
+        with open(directory / LOG, "w") as log:
+            proc = subprocess.run(
+                eval_command(system, val_files, directory, preset, extra),
+                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+        if proc.returncode != 0:
+            raise SystemExit(f"{system.name} failed (exit {proc.returncode}); see {directory / LOG}")
+        (directory / DONE).write_text(f"{time.monotonic() - start:.0f}\n")
+        print(f"[{i}/{len(systems)}] {system.name}: {time.monotonic() - start:.0f} s", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# report
+
+
+def read_queries(dump_dir: Path) -> list[dict[str, Any]]:
+    """One record per query from a validation dump (verl writes ``<step>.jsonl``, one line per row, every
+    row of a trajectory carrying its query's statistics; the key ``uid`` is ``<uid>_<session>_<index>``).
+
+    Raises:
+        FileNotFoundError: no dump in ``dump_dir``.
+        ValueError: a dump line without the statistics of a research rollout.
+    """
+    files = sorted(dump_dir.glob("*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no validation dump (*.jsonl) in {dump_dir}")
+    queries: dict[str, dict[str, Any]] = {}
+    for line in files[-1].read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if "answer" not in record or "calls" not in record:
+            raise ValueError(
+                f"{files[-1]}: a row without the research rollout's statistics (answer, calls); was it "
+                "evaluated with the mgrpo_relay or mgrpo_delegate loop?"
+            )
+        session = str(record["uid"]).rsplit("_", 1)[0]
+        queries[session] = record  # every row of a session carries the same statistics
+    return list(queries.values())
+
+
+def score_query(record: dict[str, Any], judge: Any = None) -> dict[str, Any]:
+    """A query's table entry: source, level, ``em`` / ``f1`` of its answer (and ``judge`` with a judge),
+    its statistics."""
+    from mgrpo_verl.envs.research import rewards
+    from mgrpo_verl.envs.research.dataset import decode_answers
+
+    answers = decode_answers(record["gts"])
+    prediction = rewards.extract_answer(record["answer"])
+    entry = {
+        "source": record.get("source") or "unknown",
+        "level": str(record.get("level") or ""),
+        "em": rewards.exact_match(prediction, answers),
+        "f1": rewards.f1(prediction, answers),
+        **{k: float(v) for k, v in record.items() if (k in STAT_KEYS or k.startswith("tool/")) and v is not None},
+    }
+    if judge is not None:  # the question is the prompt's last "Question:" line (prompts.main_prompt)
+        question = str(record.get("input", "")).rpartition("Question:")[2].strip().split("\n")[0]
+        entry["judge"] = judge.judge(question, prediction, answers)
+    return entry
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarize(entries: dict[str, list[dict[str, Any]]], metric: str) -> dict[str, Any]:
+    """system -> {"accuracy": {source: {level or "all": (mean metric, n)}}, "stats": {key: mean per query}}."""
+    summary: dict[str, Any] = {}
+    for system, rows in entries.items():
+        accuracy: dict[str, dict[str, tuple[float, int]]] = defaultdict(dict)
+        by_source: dict[str, list[dict]] = defaultdict(list)
+        for row in rows:
+            by_source[row["source"]].append(row)
+        for source, source_rows in sorted(by_source.items()):
+            levels = sorted({r["level"] for r in source_rows if r["level"]})
+            for level in levels:
+                chosen = [r[metric] for r in source_rows if r["level"] == level]
+                accuracy[source][level] = (_mean(chosen), len(chosen))
+            accuracy[source]["all"] = (_mean([r[metric] for r in source_rows]), len(source_rows))
+        keys = sorted({k for r in rows for k in r if k in STAT_KEYS or k.startswith("tool/")})
+        stats = {k: _mean([r.get(k, 0.0) for r in rows]) for k in keys}
+        summary[system] = {"accuracy": dict(accuracy), "stats": stats}
+    return summary
+
+
+def markdown(summary: dict[str, Any], metric: str) -> str:
+    """The paper-style table (systems × benchmark levels) and the per-agent statistics table."""
+    columns = sorted({(s, lv) for v in summary.values() for s, levels in v["accuracy"].items() for lv in levels},
+                     key=lambda c: (c[0], c[1] == "all", c[1]))  # fmt: skip
+    header = ["system"] + [f"{s} {'avg' if lv == 'all' else 'L' + lv}" for s, lv in columns]
+    lines = [f"Accuracy ({metric}, %) per benchmark and level; n = queries per cell in the last row.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * len(columns)]  # fmt: skip
+    counts = None
+    for system, values in summary.items():
+        cells = []
+        for source, level in columns:
+            mean, n = values["accuracy"].get(source, {}).get(level, (math.nan, 0))
+            cells.append("—" if n == 0 else f"{100 * mean:.1f}")
+            counts = counts or {}
+            counts[(source, level)] = max(counts.get((source, level), 0), n)
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    if counts:
+        lines.append("| n | " + " | ".join(str(counts[c]) for c in columns) + " |")
+    keys = sorted({k for v in summary.values() for k in v["stats"]}, key=lambda k: (k.startswith("tool/"), k))
+    lines += ["", "Per-agent statistics (mean per query): sub-agent calls, failed calls, tool calls by tool "
+              "(main agent's and sub-agents'), response tokens generated by each agent.", "",
+              "| system | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]  # fmt: skip
+    for system, values in summary.items():
+        lines.append(f"| {system} | " + " | ".join(f"{values['stats'].get(k, 0.0):.2f}" for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report(runs: Path, out: Path, metric: str = "em", use_judge: bool = False) -> str:
+    """Read every evaluated system under ``runs``, write ``research_eval.md`` / ``.json`` into ``out``."""
+    judge = None
+    if use_judge:
+        from mgrpo_verl.envs.research.rewards import LLMJudge, judge_config_from_env
+
+        judge, metric = LLMJudge(judge_config_from_env()), "judge"
+    entries = {}
+    for directory in sorted(p for p in runs.iterdir() if (p / DONE).is_file()):
+        entries[directory.name] = [score_query(q, judge) for q in read_queries(directory / GENERATIONS)]
+    if not entries:
+        raise SystemExit(f"no evaluated system under {runs} (run the 'run' step first)")
+    summary = summarize(entries, metric)
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(summary, metric)
+    (out / "research_eval.md").write_text(text)
+    (out / "research_eval.json").write_text(json.dumps(summary, indent=2, default=list))
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    r = commands.add_parser("run", help="evaluate each system with the real trainer (val_only)")
+    r.add_argument("--out", type=Path, default=Path("runs/research_eval"))
+    r.add_argument("--system", action="append", required=True, metavar="NAME[:VARIANT]=CHECKPOINT|untrained")
+    r.add_argument("--benchmark", action="append", default=[], metavar="PARQUET|builtin",
+                   help="a converted benchmark (mgrpo_verl.envs.research.loaders) or builtin (the default)")
+    r.add_argument("--preset", choices=("cpu", "gpu"), default="cpu", help="the training preset: research=<preset>")
+    r.add_argument("overrides", nargs="*", help="extra Hydra overrides for every system (after --)")
+    p = commands.add_parser("report", help="tabulate the dumps of evaluated systems")
+    p.add_argument("--runs", type=Path, default=Path("runs/research_eval"))
+    p.add_argument("--out", type=Path, default=Path("runs/research_eval"))
+    p.add_argument("--metric", choices=("em", "f1"), default="em")
+    p.add_argument("--judge", action="store_true", help="accuracy by an LLM judge (MGRPO_JUDGE_* env vars)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            systems = [System.parse(s) for s in args.system]
+            benchmarks = [parse_benchmark(b) for b in args.benchmark] or [None]
+            run_all(args.out, systems, benchmarks, args.preset, args.overrides)
+        else:
+            print(report(args.runs, args.out, args.metric, args.judge))
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+if __name__ == "__main__":
+    main()
