@@ -1,6 +1,7 @@
 """Evaluate trained deep-research systems on benchmarks: the paper-style table plus per-agent statistics.
 
-Two steps, ``run`` then ``report`` (``recipes/research_eval.sh`` does both)::
+Two steps, ``run`` then ``report`` (``recipes/research_eval.sh`` does both; ``train`` first trains the
+systems to compare, joint M-GRPO and its baselines: ``recipes/research_baselines.sh`` does all three)::
 
     python -m mgrpo_verl.experiments.research_eval run --out runs/research_eval \\
         --benchmark builtin --benchmark data/gaia_text.parquet \\
@@ -143,6 +144,35 @@ def run_all(out: Path, systems: Sequence[System], benchmarks: Sequence[Optional[
         print(f"[{i}/{len(systems)}] {system.name}: {time.monotonic() - start:.0f} s", flush=True)
 
 
+def train_all(out: Path, variants: Sequence[str], steps: int, preset: str, extra: Sequence[str]) -> dict[str, Path]:
+    """Train every variant (``joint``, ``frozen``, ``single``) for ``steps`` steps, one after another, into
+    ``out/<variant>`` (skipped when trained already); returns variant -> its last checkpoint."""
+    checkpoints = {}
+    for i, variant in enumerate(variants, 1):
+        directory = out / variant
+        checkpoints[variant] = directory / f"global_step_{steps}"
+        if (directory / "trained").is_file():
+            print(f"[{i}/{len(variants)}] {variant}: trained already, skipped", flush=True)
+            continue
+        directory.mkdir(parents=True, exist_ok=True)
+        args = [
+            sys.executable, "-m", "mgrpo_verl.main_ppo", f"research={preset}",
+            f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}", f"trainer.test_freq={steps}",
+            "trainer.resume_mode=disable", f"trainer.default_local_dir={directory}",
+            f"mgrpo_verl.metrics_file={directory / 'metrics.jsonl'}", f"trainer.experiment_name=research_{variant}",
+            *VARIANTS[variant], *extra,
+        ]  # fmt: skip
+        print(f"[{i}/{len(variants)}] {variant}: training {steps} steps ...", flush=True)
+        start = time.monotonic()
+        with open(directory / LOG, "w") as log:
+            proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if proc.returncode != 0 or not checkpoints[variant].is_dir():
+            raise SystemExit(f"{variant} training failed (exit {proc.returncode}); see {directory / LOG}")
+        (directory / "trained").write_text(f"{time.monotonic() - start:.0f}\n")
+        print(f"[{i}/{len(variants)}] {variant}: {time.monotonic() - start:.0f} s", flush=True)
+    return checkpoints
+
+
 # ----------------------------------------------------------------------------------------------------
 # report
 
@@ -268,6 +298,12 @@ def report(runs: Path, out: Path, metric: str = "em", use_judge: bool = False) -
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+    t = commands.add_parser("train", help="train the systems to compare: joint M-GRPO and the baselines")
+    t.add_argument("--out", type=Path, default=Path("runs/research"))
+    t.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    t.add_argument("--steps", type=int, default=30)
+    t.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
+    t.add_argument("overrides", nargs="*", help="extra Hydra overrides of every training run (after --)")
     r = commands.add_parser("run", help="evaluate each system with the real trainer (val_only)")
     r.add_argument("--out", type=Path, default=Path("runs/research_eval"))
     r.add_argument("--system", action="append", required=True, metavar="NAME[:VARIANT]=CHECKPOINT|untrained")
@@ -282,7 +318,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--judge", action="store_true", help="accuracy by an LLM judge (MGRPO_JUDGE_* env vars)")
     args = parser.parse_args(argv)
     try:
-        if args.command == "run":
+        if args.command == "train":
+            if args.steps < 1:
+                raise ValueError("--steps must be >= 1")
+            for variant, path in train_all(args.out, args.variants, args.steps, args.preset, args.overrides).items():
+                print(f"--system {variant}={path}")
+        elif args.command == "run":
             systems = [System.parse(s) for s in args.system]
             benchmarks = [parse_benchmark(b) for b in args.benchmark] or [None]
             run_all(args.out, systems, benchmarks, args.preset, args.overrides)

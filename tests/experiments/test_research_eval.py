@@ -100,3 +100,28 @@ def test_report_errors(tmp_path):
     with pytest.raises(ValueError, match="research rollout's statistics"):
         research_eval.report(tmp_path, tmp_path / "out")
     assert math.isnan(research_eval._mean([]))
+
+
+def test_train_runs_each_variant_once_with_its_switches(tmp_path, monkeypatch):
+    """``train``: one main_ppo process per variant with the variant's overrides; a finished variant is
+    skipped on a second call; a run that leaves no checkpoint is an error."""
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append(args)
+        out = next(a.split("=", 1)[1] for a in args if a.startswith("trainer.default_local_dir="))
+        (research_eval.Path(out) / "global_step_3").mkdir(parents=True)
+        return research_eval.subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setattr(research_eval.subprocess, "run", fake_run)
+    got = research_eval.train_all(tmp_path, ["joint", "single"], 3, "cpu", ["x=1"])
+    assert got == {"joint": tmp_path / "joint" / "global_step_3", "single": tmp_path / "single" / "global_step_3"}
+    assert [c[3] for c in calls] == ["research=cpu", "research=cpu"]
+    assert "multi_agent.agents.sub.share_model_with=main" in calls[1] and calls[1][-1] == "x=1"
+    assert "multi_agent.agents.sub.share_model_with=main" not in calls[0]
+    research_eval.train_all(tmp_path, ["joint", "single"], 3, "cpu", [])
+    assert len(calls) == 2  # both trained already
+
+    monkeypatch.setattr(research_eval.subprocess, "run", lambda args, **kw: research_eval.subprocess.CompletedProcess(args, 1))
+    with pytest.raises(SystemExit, match="frozen training failed"):
+        research_eval.train_all(tmp_path, ["frozen"], 3, "cpu", [])
