@@ -187,10 +187,11 @@ class DelegationConfig:
     own ``actor_rollout_ref.rollout.multi_turn.max_assistant_turns`` / ``max_user_turns``."""
 
     sub_prompt: Optional[str] = None
-    """Delegation by tool call: how a sub-agent call is prompted from the main agent's ``task``
-    argument: ``null`` for the relay_tools task's prompt, or ``"module:function"`` /
-    ``"file.py:function"`` called as ``f(agent, task) -> chat messages``
-    (``mgrpo_verl.envs.relay.load_sub_prompt``)."""
+    """How a sub-agent call is prompted: ``null`` for the task's own prompt (relay / relay_tools), or
+    ``"module:function"`` / ``"file.py:function"`` called as ``f(agent, task) -> chat messages``
+    (``mgrpo_verl.envs.relay.load_sub_prompt``). ``task`` is the main agent's ``task`` argument (delegation
+    by tool call), or the row's ``extra_info.question`` and the main agent's plan (forced delegation,
+    ``mgrpo_relay``), e.g. the research task's ``mgrpo_verl.envs.research.prompts:sub_messages``."""
 
 
 DELEGATION_KEYS = tuple(f.name for f in dataclasses.fields(DelegationConfig))
