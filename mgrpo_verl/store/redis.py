@@ -16,10 +16,12 @@ retry after a lost reply, a restarted writer) inserts nothing twice. The script 
 not declare, so it needs a single Redis server (not Redis Cluster).
 
 **Durability depends on the server's persistence.** The store survives a restart of the Redis server
-only if the server persists: run it with ``appendonly yes`` (AOF). With the default
-``appendfsync everysec`` a write acknowledged to us is in the AOF file before the reply is sent, so it
-survives a crash or kill -9 of redis-server, and an OS crash or power loss may lose the last second;
-``appendfsync always`` closes that window at a cost per write. RDB snapshots alone (``save``) lose
+only if the server persists: run it with ``appendonly yes`` (AOF). With ``appendfsync always`` a
+write acknowledged to us is on disk, so it survives a kill -9 of redis-server and an OS crash, at a cost
+per write. With the default ``appendfsync everysec`` it usually is in the AOF file before the reply, but
+Redis postpones that write (up to 2 s) while an earlier fsync is still running on a busy disk and replies
+meanwhile, so a kill -9 or an OS crash can lose the last seconds of acknowledged writes (we saw a kill -9
+lose the last ``mark_consumed`` under load). RDB snapshots alone (``save``) lose
 everything since the last snapshot. Opening a store warns (:class:`StoreDurabilityWarning`) when the
 server reports ``appendonly no``.
 """

@@ -6,8 +6,9 @@ training and after step 2 (its calls reach the sub side, which must keep no row 
 
 Checked:
 - both processes exit 0; the sub side served the main side's calls, validation calls included;
-- the main side trains 16 main rows per step and no sub rows; the sub side trains 16 x D_max = 32 rows
-  per step, with finite losses and a non-zero gradient;
+- the main side trains 16 main rows per step and no sub rows; the sub side trains D_max rows per main
+  rollout of every query that called it (16 x D_max = 32 when all 4 queries did), with finite losses and
+  a non-zero gradient;
 - the store holds one record per main trajectory (32) and one per trained sub row; the sub rows trained
   at step k are exactly the calls the main records of step k list (nothing lost, nothing extra:
   0 missing, 0 unclaimed);
@@ -95,7 +96,6 @@ def test_two_processes_train_and_exchange_only_statistics(tmp_path):
         assert main_m[step]["agent/main/update_rows"] == 16
         assert not any(k.startswith("agent/sub/") for k in main_m[step])
         s = sub_m[step]
-        assert s["agent/sub/update_rows"] == 16 * D_MAX
         assert math.isfinite(s["agent/sub/actor/pg_loss"])
         assert s["decoupled/missing_parent_rows"] == 0 and s["decoupled/unclaimed_rows"] == 0
     assert max(sub_m[step]["agent/sub/actor/grad_norm"] for step in range(1, STEPS + 1)) > 0
@@ -111,6 +111,11 @@ def test_two_processes_train_and_exchange_only_statistics(tmp_path):
         trained = {r.traj_id for r in subs if r.step == step}
         assert trained == listed, f"step {step}"
         assert sub_m[step]["decoupled/ready_rows"] == len(listed)
+        # D_max aligned slots per main rollout of every query that called the sub-agent at least once: a query
+        # whose 4 rollouts made no call (min_calls is 0) never reaches the sub side, so its zero-mask padding
+        # rows are absent (the one stated difference from the synchronous mode, docs/decoupled.md)
+        reached = {m.uid for m in mains if m.step == step and m.extra["sub_calls"]}
+        assert sub_m[step]["agent/sub/update_rows"] == D_MAX * sum(m.step == step and m.uid in reached for m in mains)
 
         # the synchronous computation on the step's records, as one batch
         step_rows = [m for m in mains if m.step == step] + [r for r in subs if r.step == step]
