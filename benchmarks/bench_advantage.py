@@ -17,23 +17,12 @@ Goals (issue 2): (advantage + alignment) <= 1.5x the reference, and 1M rows in u
 from __future__ import annotations
 
 import argparse
-import time
+
+from timing import best_times
 
 from mgrpo_verl import align_trajectories, compute_mgrpo_advantage
 from mgrpo_verl.algorithms.alignment import plan_batch_alignment
 from mgrpo_verl.testing import random_mgrpo_batch
-
-
-def best_times(repeats: int, fns: dict) -> dict:
-    """Best wall time of each function, the functions interleaved in every round so that load from
-    other processes affects them alike."""
-    best = {name: float("inf") for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 def main() -> None:

@@ -55,24 +55,9 @@ import sys
 import time
 
 import numpy as np
+from timing import best_times, fmt_s
 
 PARTS = ("search", "build", "tools", "rewards")
-
-
-def best_times(repeats: int, fns: dict) -> dict:
-    """Best wall time of each function, the functions interleaved in every round so that load from
-    other processes affects them alike."""
-    best = {name: float("inf") for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
-
-
-def fmt_s(seconds: float) -> str:
-    return f"{seconds:.4f} s" if seconds < 0.1 else f"{seconds:.3f} s"
 
 
 def doc_text(article) -> str:
