@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from mgrpo_verl.experiments.logged_run import run_logged
 
 #: variant -> its overrides of mgrpo_trainer.yaml (ALGORITHMS.md: each baseline is one switch away)
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -56,13 +55,9 @@ def run_all(out: Path, seeds: list[int], steps: int, test_freq: int, variants: l
             f"trainer.experiment_name=relay_{variant}_seed{seed}", *VARIANTS[variant], *extra,
         ]
         print(f"[{i}/{len(jobs)}] {variant} seed {seed}: training {steps} steps ...", flush=True)
-        start = time.monotonic()
-        with open(run_dir / "log.txt", "w") as log:
-            proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        if proc.returncode != 0:
-            raise SystemExit(f"{variant} seed {seed} failed (exit {proc.returncode}); see {run_dir / 'log.txt'}")
-        (run_dir / "done").write_text(f"{time.monotonic() - start:.0f}\n")
-        print(f"[{i}/{len(jobs)}] {variant} seed {seed}: {time.monotonic() - start:.0f} s", flush=True)
+        seconds = run_logged(args, run_dir / "log.txt", f"{variant} seed {seed}")
+        (run_dir / "done").write_text(f"{seconds:.0f}\n")
+        print(f"[{i}/{len(jobs)}] {variant} seed {seed}: {seconds:.0f} s", flush=True)
 
 
 def read_series(metrics_file: Path, key: str) -> dict[int, float]:

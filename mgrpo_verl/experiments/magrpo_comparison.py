@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 from mgrpo_verl.experiments import coop_baselines
+from mgrpo_verl.experiments.logged_run import run_logged
 
 #: ``coop_task`` group of magrpo_trainer.yaml for each task of coop_baselines
 COOP_TASK = {"coop_writing": "writing", "coop_code": "code"}
@@ -76,13 +74,9 @@ def run_all(out: Path, task: str, seeds: list[int], steps: int, eval_every: int,
                 f"trainer.experiment_name=magrpo_{task}_seed{seed}", *extra,
             ]  # fmt: skip
             print(f"seed {seed}: training {steps} steps ...", flush=True)
-            start = time.monotonic()
-            with open(run_dir / "log.txt", "w") as log:
-                proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            if proc.returncode != 0:
-                raise SystemExit(f"seed {seed} training failed (exit {proc.returncode}); see {run_dir / 'log.txt'}")
-            (run_dir / "trained").write_text(f"{time.monotonic() - start:.0f}\n")
-            print(f"seed {seed}: trained in {time.monotonic() - start:.0f} s", flush=True)
+            seconds = run_logged(args, run_dir / "log.txt", f"seed {seed} training")
+            (run_dir / "trained").write_text(f"{seconds:.0f}\n")
+            print(f"seed {seed}: trained in {seconds:.0f} s", flush=True)
         saved = sorted(ckpt.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
         for step_dir in saved:
             step = int(step_dir.name.rsplit("_", 1)[1])

@@ -35,10 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +43,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mgrpo_verl.experiments.baselines import VARIANTS
+from mgrpo_verl.experiments.logged_run import run_logged
 
 #: The benchmark spec meaning "the built-in questions' validation split".
 BUILTIN = "builtin"
@@ -132,16 +130,9 @@ def run_all(out: Path, systems: Sequence[System], benchmarks: Sequence[Optional[
             continue
         directory.mkdir(parents=True, exist_ok=True)
         print(f"[{i}/{len(systems)}] {system.name} ({system.variant}, {system.checkpoint or 'untrained'}) ...", flush=True)
-        start = time.monotonic()
-        with open(directory / LOG, "w") as log:
-            proc = subprocess.run(
-                eval_command(system, val_files, directory, preset, extra),
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
-        if proc.returncode != 0:
-            raise SystemExit(f"{system.name} failed (exit {proc.returncode}); see {directory / LOG}")
-        (directory / DONE).write_text(f"{time.monotonic() - start:.0f}\n")
-        print(f"[{i}/{len(systems)}] {system.name}: {time.monotonic() - start:.0f} s", flush=True)
+        seconds = run_logged(eval_command(system, val_files, directory, preset, extra), directory / LOG, system.name)
+        (directory / DONE).write_text(f"{seconds:.0f}\n")
+        print(f"[{i}/{len(systems)}] {system.name}: {seconds:.0f} s", flush=True)
 
 
 def train_all(out: Path, variants: Sequence[str], steps: int, preset: str, extra: Sequence[str]) -> dict[str, Path]:
@@ -163,13 +154,11 @@ def train_all(out: Path, variants: Sequence[str], steps: int, preset: str, extra
             *VARIANTS[variant], *extra,
         ]  # fmt: skip
         print(f"[{i}/{len(variants)}] {variant}: training {steps} steps ...", flush=True)
-        start = time.monotonic()
-        with open(directory / LOG, "w") as log:
-            proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        if proc.returncode != 0 or not checkpoints[variant].is_dir():
-            raise SystemExit(f"{variant} training failed (exit {proc.returncode}); see {directory / LOG}")
-        (directory / "trained").write_text(f"{time.monotonic() - start:.0f}\n")
-        print(f"[{i}/{len(variants)}] {variant}: {time.monotonic() - start:.0f} s", flush=True)
+        seconds = run_logged(args, directory / LOG, f"{variant} training")
+        if not checkpoints[variant].is_dir():
+            raise SystemExit(f"{variant} training failed (exit 0): no {checkpoints[variant]}; see {directory / LOG}")
+        (directory / "trained").write_text(f"{seconds:.0f}\n")
+        print(f"[{i}/{len(variants)}] {variant}: {seconds:.0f} s", flush=True)
     return checkpoints
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from mgrpo_verl.experiments import research_eval
+from mgrpo_verl.experiments import logged_run, research_eval
 from mgrpo_verl.experiments.research_eval import System
 
 
@@ -110,10 +112,10 @@ def test_train_runs_each_variant_once_with_its_switches(tmp_path, monkeypatch):
     def fake_run(args, **kwargs):
         calls.append(args)
         out = next(a.split("=", 1)[1] for a in args if a.startswith("trainer.default_local_dir="))
-        (research_eval.Path(out) / "global_step_3").mkdir(parents=True)
-        return research_eval.subprocess.CompletedProcess(args, 0)
+        (Path(out) / "global_step_3").mkdir(parents=True)
+        return subprocess.CompletedProcess(args, 0)
 
-    monkeypatch.setattr(research_eval.subprocess, "run", fake_run)
+    monkeypatch.setattr(logged_run.subprocess, "run", fake_run)
     got = research_eval.train_all(tmp_path, ["joint", "single"], 3, "cpu", ["x=1"])
     assert got == {"joint": tmp_path / "joint" / "global_step_3", "single": tmp_path / "single" / "global_step_3"}
     assert [c[3] for c in calls] == ["research=cpu", "research=cpu"]
@@ -122,6 +124,6 @@ def test_train_runs_each_variant_once_with_its_switches(tmp_path, monkeypatch):
     research_eval.train_all(tmp_path, ["joint", "single"], 3, "cpu", [])
     assert len(calls) == 2  # both trained already
 
-    monkeypatch.setattr(research_eval.subprocess, "run", lambda args, **kw: research_eval.subprocess.CompletedProcess(args, 1))
+    monkeypatch.setattr(logged_run.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1))
     with pytest.raises(SystemExit, match="frozen training failed"):
         research_eval.train_all(tmp_path, ["frozen"], 3, "cpu", [])
