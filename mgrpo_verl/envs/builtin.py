@@ -24,11 +24,11 @@ def _coop(name: str):
     return write
 
 
-def _research_questions():
-    """The research questions module, imported on use (it reads the 10k summaries)."""
+def _write_research(directory):
+    """The research task's questions, imported on use (building them reads the 10k summaries)."""
     from mgrpo_verl.envs.research import questions
 
-    return questions
+    return questions.write_dataset(directory)
 
 
 TASKS = {
@@ -39,7 +39,7 @@ TASKS = {
     "coop_code": _coop("write_code_dataset"),
     "coop_writing": _coop("write_writing_dataset"),
     # M-GRPO deep research: multi-hop questions over the offline Wikipedia summaries
-    "research": lambda directory: _research_questions().write_dataset(directory),
+    "research": _write_research,
 }
 
 #: ``tiny_small``: one layer, half the width of ``tiny``

@@ -10,9 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mgrpo_verl.envs import echo, relay
-
-#: ``data_source`` prefix of the deep-research task (mgrpo_verl.envs.research.dataset.DATA_SOURCE_PREFIX)
-RESEARCH_PREFIX = "mgrpo_verl/research"
+from mgrpo_verl.envs.research.dataset import DATA_SOURCE_PREFIX
 
 _SCORERS = {echo.DATA_SOURCE: echo.compute_score, relay.DATA_SOURCE: relay.compute_score}
 
@@ -22,7 +20,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     scorer = _SCORERS.get(data_source)
     if scorer is not None:
         return scorer(data_source, solution_str, ground_truth, extra_info)
-    if str(data_source).startswith(RESEARCH_PREFIX + "/"):  # built-in questions and converted benchmarks
+    if str(data_source).startswith(DATA_SOURCE_PREFIX + "/"):  # built-in questions and converted benchmarks
         from mgrpo_verl.envs.research import rewards as research
 
         return research.compute_score(data_source, solution_str, ground_truth, extra_info)

@@ -244,13 +244,12 @@ def markdown(summary: dict[str, Any], metric: str) -> str:
     header = ["system"] + [f"{s} {'avg' if lv == 'all' else 'L' + lv}" for s, lv in columns]
     lines = [f"Accuracy ({metric}, %) per benchmark and level; n = queries per cell in the last row.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * len(columns)]  # fmt: skip
-    counts = None
+    counts: dict[tuple[str, str], int] = {}
     for system, values in summary.items():
         cells = []
         for source, level in columns:
             mean, n = values["accuracy"].get(source, {}).get(level, (math.nan, 0))
             cells.append("—" if n == 0 else f"{100 * mean:.1f}")
-            counts = counts or {}
             counts[(source, level)] = max(counts.get((source, level), 0), n)
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     if counts:
