@@ -174,7 +174,8 @@ def read_queries(dump_dir: Path) -> list[dict[str, Any]]:
         FileNotFoundError: no dump in ``dump_dir``.
         ValueError: a dump line without the statistics of a research rollout.
     """
-    files = sorted(dump_dir.glob("*.jsonl"))
+    # the dump of the latest step (verl names each by its step: 2.jsonl sorts after 10.jsonl by name)
+    files = sorted(dump_dir.glob("*.jsonl"), key=lambda p: (p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
     if not files:
         raise FileNotFoundError(f"no validation dump (*.jsonl) in {dump_dir}")
     queries: dict[str, dict[str, Any]] = {}

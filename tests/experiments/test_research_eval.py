@@ -127,3 +127,10 @@ def test_train_runs_each_variant_once_with_its_switches(tmp_path, monkeypatch):
     monkeypatch.setattr(logged_run.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1))
     with pytest.raises(SystemExit, match="frozen training failed"):
         research_eval.train_all(tmp_path, ["frozen"], 3, "cpu", [])
+
+
+def test_read_queries_takes_the_latest_step_of_the_dump(tmp_path):
+    """verl names each validation dump by its step; the latest is 10.jsonl, not 2.jsonl (which sorts last)."""
+    (tmp_path / "2.jsonl").write_text(json.dumps(_dump_line("a_0_0", ["x"], "Answer: old", "gaia", "1")) + "\n")
+    (tmp_path / "10.jsonl").write_text(json.dumps(_dump_line("b_0_0", ["x"], "Answer: new", "gaia", "1")) + "\n")
+    assert [q["answer"] for q in research_eval.read_queries(tmp_path)] == ["Answer: new"]
