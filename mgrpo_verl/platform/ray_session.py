@@ -17,6 +17,12 @@ Why each setting (measured with Ray 2.60 on a 2-core machine, VERL_0.9.1_FACTS.m
 
 The environment variables are set for the duration of the session (Ray's worker processes inherit them
 from the driver, so verl's Ray actors see them too) and restored afterwards.
+
+Joining an existing cluster (``ray start`` on each node, docs/multinode.md) is different in two ways, both
+handled by :func:`ray_init_for_existing_cluster`: Ray refuses ``num_cpus`` / ``num_gpus`` from a driver that
+joins (the nodes declared theirs at ``ray start``), and the cluster's workers inherit the environment of
+their ``ray start``, not the driver's, so what verl's actors must see goes through the job's
+``runtime_env.env_vars``.
 """
 
 from __future__ import annotations
@@ -143,3 +149,37 @@ def ray_cpu_session(
 def _existing(path: str) -> Iterator[str]:
     os.makedirs(path, exist_ok=True)
     yield path
+
+
+#: ``ray_kwargs.ray_init`` keys Ray refuses from a driver that joins an existing cluster.
+NODE_RESOURCE_KEYS = ("num_cpus", "num_gpus")
+
+
+def existing_cluster_address(ray_init: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
+    """The address of the existing Ray cluster that ``ray.init(**ray_init)`` joins, or None when it starts one.
+
+    ``ray_init["address"]`` first, then ``$RAY_ADDRESS`` (Ray's order); ``"local"`` means a new local cluster.
+    ``None`` everywhere also means a new cluster here: Ray would still join the last ``ray start`` of this
+    machine when that is recorded in its temp dir, but on CPU our driver points ``RAY_TMPDIR`` at a private,
+    empty directory, so a CPU run joins a cluster only when given its address.
+    """
+    environ = os.environ if environ is None else environ
+    address = ray_init.get("address") or environ.get("RAY_ADDRESS") or None
+    return None if address == "local" else address
+
+
+def ray_init_for_existing_cluster(ray_init: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """``ray_init`` (verl's ``ray_kwargs.ray_init``, as a plain dict) for a driver that joins an existing cluster.
+
+    - ``num_cpus`` / ``num_gpus`` are removed: Ray raises ``ValueError`` when a joining driver passes them
+      (the nodes declared their logical CPUs and GPUs at ``ray start``), and on CPU our config fills them in;
+    - ``env`` is added to ``runtime_env.env_vars`` (the job's environment on every node), an entry already
+      there winning: the driver's environment does not reach workers that a ``ray start`` elsewhere spawned.
+
+    Pure: returns a new dict, ``ray_init`` is not modified.
+    """
+    joined = {k: v for k, v in ray_init.items() if k not in NODE_RESOURCE_KEYS}
+    runtime_env = dict(joined.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**env, **(runtime_env.get("env_vars") or {})}
+    joined["runtime_env"] = runtime_env
+    return joined

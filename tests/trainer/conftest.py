@@ -34,15 +34,17 @@ class Run:
 
 @pytest.fixture
 def main_ppo(tmp_path):
-    """``run(name, *overrides, timeout=900, config=None)``: run the entry point in ``tmp_path/name`` with a private HOME,
-    cache and Hugging Face home; checkpoints under ``tmp_path/ckpt`` (shared by runs, for resuming)."""
+    """``run(name, *overrides, timeout=900, config=None, env=None)``: run the entry point in ``tmp_path/name`` with a
+    private HOME, cache and Hugging Face home; checkpoints under ``tmp_path/ckpt`` (shared by runs, for resuming).
+    ``env`` is set after the clearing (e.g. ``{"RAY_ADDRESS": ...}`` to join an existing cluster)."""
     home = tmp_path / "home"
     home.mkdir()
 
-    def run(name: str, *overrides: str, timeout: float = 900, config: str | None = None) -> Run:
+    def run(name: str, *overrides: str, timeout: float = 900, config: str | None = None, env: dict | None = None) -> Run:
         workdir = tmp_path / name
         workdir.mkdir()
         metrics = workdir / "metrics.jsonl"
+        extra_env = env or {}
         env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
         env.update(
             HOME=str(home),
@@ -54,6 +56,7 @@ def main_ppo(tmp_path):
             # which would hide per-server lines the tests read
             RAY_DEDUP_LOGS="0",
         )
+        env.update(extra_env)
         args = [
             sys.executable, "-m", "mgrpo_verl.main_ppo",
             *(("--config-name", config) if config else ()),
