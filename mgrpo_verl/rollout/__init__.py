@@ -1,7 +1,8 @@
-"""A CPU rollout backend for verl 0.9.1: a Ray actor server generating with Hugging Face transformers.
+"""A rollout backend for verl 0.9.1: a Ray actor server generating with Hugging Face transformers (CPU or CUDA).
 
 Select it with ``actor_rollout_ref.rollout.name=hf`` once :func:`register` has run in the process (the
-``verl.plugins`` entry point calls it in the driver and every Ray worker).
+``verl.plugins`` entry point calls it in the driver and every Ray worker). The CPU config selects it by default;
+on GPUs select it explicitly (the GPU default is vLLM); the model then goes to the actor worker's GPU.
 
 Pieces:
 

@@ -1,4 +1,4 @@
-"""Batched token-in / token-out generation with a Hugging Face causal LM on CPU.
+"""Batched token-in / token-out generation with a Hugging Face causal LM (CPU, or one CUDA device).
 
 :class:`HFGenerationEngine` is synchronous and knows nothing of Ray or verl's server protocol; the Ray
 actor in :mod:`mgrpo_verl.rollout.hf_server` runs it on one worker thread and feeds it batches.
@@ -6,6 +6,9 @@ actor in :mod:`mgrpo_verl.rollout.hf_server` runs it on one worker thread and fe
 One batch = left-padded prompts, one prefill, then one decode step per token with a KV cache
 (:class:`transformers.DynamicCache`). Rows that finish (EOS, stop token, ``max_tokens``, abort) leave the
 batch at once (``batch_select_indices``), so short answers do not pay for long ones.
+
+Device: every tensor of a batch (inputs, cache, sampling state, random generators) lives on the model's
+device; only the sampled token ids and log-probs come back to the host, once per decode step.
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ class HFGenerationEngine:
         pad_token_id: filler for left padding (never attended to).
         seed: seed of the generator used by requests that carry no ``seed``.
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (see :mod:`.sampling`).
+
+    The device is the model's (its first parameter's); random generators are created on it, so seeded
+    requests are reproducible on one device type (CPU and CUDA random streams differ).
     """
 
     def __init__(
@@ -92,7 +98,8 @@ class HFGenerationEngine:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = tuple(sorted({int(t) for t in eos_token_ids}))
         self.pad_token_id = int(pad_token_id) if pad_token_id is not None else 0
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
         self.logprobs_mode = logprobs_mode
         self.dtype = next(model.parameters()).dtype
         self._weights: dict[str, torch.Tensor] | None = None
@@ -112,7 +119,9 @@ class HFGenerationEngine:
         seed: int = 0,
         logprobs_mode: str = "processed_logprobs",
         trust_remote_code: bool = False,
+        device: str | torch.device = "cpu",
     ) -> HFGenerationEngine:
+        """Load ``path`` in ``dtype`` onto ``device`` (``cpu``, ``cuda`` or ``cuda:<i>``)."""
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
@@ -121,6 +130,8 @@ class HFGenerationEngine:
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
         )
+        if torch.device(device).type != "cpu":
+            model = model.to(device)
         if eos_token_ids is None:
             eos_token_ids = _model_eos_ids(model)
         if pad_token_id is None:
@@ -181,7 +192,7 @@ class HFGenerationEngine:
     # ------------------------------------------------------------------ generation
 
     def make_generator(self, seed: int | None) -> torch.Generator | None:
-        return None if seed is None else torch.Generator().manual_seed(int(seed))
+        return None if seed is None else torch.Generator(device=self.device).manual_seed(int(seed))
 
     @torch.inference_mode()
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -200,6 +211,10 @@ class HFGenerationEngine:
             input_ids[i, width - lens[i] :] = torch.as_tensor(r.prompt_ids, dtype=torch.long)
             attention_mask[i, width - lens[i] :] = 1
         position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+        if self.device.type != "cpu":
+            input_ids = input_ids.to(self.device)
+            attention_mask = attention_mask.to(self.device)
+            position_ids = position_ids.to(self.device)
 
         want_prompt_lp = any(r.params.prompt_logprobs is not None for r in requests)
         cache = DynamicCache(config=self.model.config)
@@ -230,6 +245,7 @@ class HFGenerationEngine:
             generators,
             self.generator,
             self.logprobs_mode,
+            device=self.device,
         )
         rows = list(range(n))  # request index of each live batch row
         tokens_out: list[list[int]] = [[] for _ in range(n)]
@@ -267,7 +283,7 @@ class HFGenerationEngine:
             if not keep:
                 break
             if len(keep) < len(rows):
-                keep_t = torch.tensor(keep, dtype=torch.long)
+                keep_t = torch.tensor(keep, dtype=torch.long, device=self.device)
                 cache.batch_select_indices(keep_t)
                 attention_mask = attention_mask[keep_t]
                 last_pos = last_pos[keep_t]
@@ -305,7 +321,7 @@ class HFGenerationEngine:
         """vLLM layout (see verl's ``extract_prompt_logprobs``): entry ``t`` scores prompt token ``t + 1``;
         a dummy entry pads the end so there is one entry per prompt token."""
         lp = logits[:-1].float().log_softmax(dim=-1)  # position t predicts token t+1
-        target = torch.as_tensor(prompt[1:], dtype=torch.long)
+        target = torch.as_tensor(prompt[1:], dtype=torch.long, device=logits.device)
         if k == 0:
             vals = lp.gather(-1, target[:, None])
             values, ids = vals.tolist(), target[:, None].tolist()

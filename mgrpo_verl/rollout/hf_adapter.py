@@ -89,7 +89,7 @@ class HFServerAdapter(BaseRollout):
         return self.server_handle
 
     async def resume(self, tags: list[str]):
-        """Forward to the server's ``wake_up`` (weights and KV cache live in host memory anyway)."""
+        """Forward to the server's ``wake_up`` (the server never frees its weights, on CPU or GPU)."""
         server = self._server()
         if server is not None and self.config.free_cache_engine:
             await server.wake_up.remote(tags=tags)
@@ -111,6 +111,8 @@ class HFServerAdapter(BaseRollout):
 
         Every rank must iterate ``weights``: with FSDP each item is all-gathered across the group, and a
         rank that stopped early would deadlock the others; ranks without a server just drop the tensors.
+        Tensors travel through host memory (``.to("cpu")``) whatever the actor's device, so a CUDA actor
+        feeds a CPU or CUDA server alike; the server copies them onto its own device.
         """
         if wire_format != "named_tensors":
             raise NotImplementedError(

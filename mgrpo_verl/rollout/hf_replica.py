@@ -5,6 +5,10 @@ verl's ``LLMServerManager`` (``workers/rollout/llm_server.py``) resolves the cla
 ``init_hybrid(worker_group)`` (or ``init_colocated`` / ``init_standalone``), which ends in
 :meth:`HFReplica.launch_servers`. The base class forwards ``wake_up`` / ``sleep`` / ``clear_kv_cache`` /
 ``release_kv_cache`` / ``resume_kv_cache`` / ``resume_generation`` / profiling to the server actor.
+
+Device: the server generates on the device its replica's first actor worker trains on (``cpu`` on our CPU
+platform, ``cuda`` on verl's NVIDIA platform; ``rollout.engine_kwargs.hf.device`` may force ``cpu``),
+on that worker's GPU, as verl's vLLM replica does.
 """
 
 from __future__ import annotations
@@ -17,11 +21,30 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.replica import RolloutReplica
 
 from mgrpo_verl.rollout.hf_adapter import server_actor_name
-from mgrpo_verl.rollout.hf_server import HFRolloutServer
+from mgrpo_verl.rollout.hf_server import ENGINE_KWARGS_KEY, HFRolloutServer, resolve_rollout_device
+
+
+def worker_placement(worker: Any) -> tuple[str, str, list[str]]:
+    """Run inside an actor worker (``__ray_call__``): its node id, verl's device name there, and the ids of
+    the accelerators Ray gave it (logical GPUs on the CPU platform)."""
+    from verl.utils.device import get_device_name, get_resource_name
+
+    ctx = ray.get_runtime_context()
+    ids = ctx.get_accelerator_ids().get(get_resource_name(), [])
+    return ctx.get_node_id(), get_device_name(), [str(i) for i in ids]
+
+
+def server_launch_options(device: str, noset_envvars: list[str]) -> dict[str, Any]:
+    """Extra Ray options of the server actor for ``device``: none on CPU; on an accelerator, Ray is told
+    not to rewrite the visible-device variables (as verl does for its vLLM server), so the server sees the
+    node's devices and picks its worker's GPU itself (:func:`~mgrpo_verl.rollout.hf_server.cuda_index`)."""
+    if device == "cpu":
+        return {}
+    return {"runtime_env": {"env_vars": {name: "1" for name in noset_envvars}}}
 
 
 class HFReplica(RolloutReplica):
-    """A rollout replica served by Hugging Face transformers on CPU (no HTTP endpoint).
+    """A rollout replica served by Hugging Face transformers on CPU or one CUDA GPU (no HTTP endpoint).
 
     ``server_address`` is a unique pseudo address ``hf://<node ip>/<actor name>``: verl uses it only as the
     load balancer's key for the server handle. OpenAI-compatible HTTP clients cannot use this replica.
@@ -46,8 +69,15 @@ class HFReplica(RolloutReplica):
         role = "reward" if self.is_reward_model else "teacher" if self.is_teacher_model else ""
         return server_actor_name(self.config.name, self.replica_rank, 0, role) + self.name_suffix
 
+    def _requested_device(self) -> Any:
+        kwargs = getattr(self.config, "engine_kwargs", None)
+        hf = kwargs.get(ENGINE_KWARGS_KEY) if isinstance(kwargs, dict) else getattr(kwargs, ENGINE_KWARGS_KEY, None)
+        return (hf or {}).get("device")
+
     async def launch_servers(self) -> None:
-        """Start the server actor on the node of the replica's first worker and load the model."""
+        """Start the server actor on the node (and device) of the replica's first worker and load the model."""
+        from verl.plugin.platform import get_platform
+
         options: dict[str, Any] = {
             "name": self._server_name(),
             "max_concurrency": self.max_concurrency,
@@ -55,9 +85,15 @@ class HFReplica(RolloutReplica):
             # machines where verl's workers already hold every logical CPU
             "num_cpus": 0,
         }
+        gpu_ids: list[str] = []
         if self.workers:
-            node_id = await self.workers[0].__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
+            node_id, worker_device, gpu_ids = await self.workers[0].__ray_call__.remote(worker_placement)
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        else:
+            worker_device = get_platform().device_name
+        device = resolve_rollout_device(self._requested_device(), worker_device)
+        if device != "cpu":
+            options.update(server_launch_options(device, get_platform().ray_noset_envvars()))
         server = self.server_class.options(**options).remote(
             config=self.config,
             model_config=self.model_config,
@@ -67,7 +103,9 @@ class HFReplica(RolloutReplica):
             node_rank=0,
             gpus_per_node=self.gpus_per_replica_node,
             nnodes=self.nnodes,
+            cuda_visible_devices=",".join(gpu_ids) if device != "cpu" else None,
             server_name=options["name"],
+            device=device,
         )
         await server.launch_server.remote()
         ip, _ = await server.get_server_address.remote()

@@ -1,4 +1,4 @@
-"""The rollout server: a Ray actor that generates with Hugging Face transformers on CPU.
+"""The rollout server: a Ray actor that generates with Hugging Face transformers (CPU, or one CUDA GPU).
 
 It implements the methods verl 0.9.1 calls on a rollout server actor (the ``vLLMHttpServer`` /
 ``SGLangHttpServer`` contract):
@@ -22,11 +22,18 @@ updates) are served while a batch runs.
 Server options come from ``actor_rollout_ref.rollout.engine_kwargs.hf`` (all optional)::
 
     dtype: float32             # overrides rollout.dtype
+    device: auto               # auto (the device of the replica's actor worker), cpu or cuda
     attn_implementation: sdpa  # or eager
     num_threads: null          # torch intra-op threads; default max(1, cores // 2) (see launch_server)
     max_batch_size: 256        # capped by rollout.max_num_seqs
     batch_wait_ms: 5.0         # before a batch starts, wait until no request arrived for this long ...
     max_batch_wait_ms: 30.0    # ... but at most this long (bursts from the agent loop join one batch)
+
+Device: :class:`~mgrpo_verl.rollout.hf_replica.HFReplica` resolves it (:func:`resolve_rollout_device`)
+from the device its actor worker trains on and passes it here with the worker's GPU id. On ``cuda`` the
+model goes to that GPU (:func:`cuda_index`; the process's visible devices are not changed, because verl's
+plugin loading has initialised CUDA before the constructor runs) and stays there for the whole run:
+unlike vLLM the server frees nothing on ``sleep``, so actor and rollout weights share the GPU.
 """
 
 from __future__ import annotations
@@ -53,8 +60,11 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 ENGINE_KWARGS_KEY = "hf"
+#: Values of ``engine_kwargs.hf.device``.
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
 _ENGINE_OPTIONS = {
     "dtype",
+    "device",
     "attn_implementation",
     "num_threads",
     "max_batch_size",
@@ -73,6 +83,64 @@ class _Pending:
     enqueued_at: float = field(default_factory=time.perf_counter)
 
 
+def resolve_rollout_device(requested: Any, worker_device: str) -> str:
+    """The torch device of a replica's model: ``"cpu"`` or ``"cuda"``.
+
+    ``requested`` is ``engine_kwargs.hf.device`` (``None`` / ``"auto"``: ``worker_device``), and
+    ``worker_device`` is verl's device name in the replica's first actor worker (``"cpu"`` on our CPU
+    platform, ``"cuda"`` on NVIDIA). ``cpu`` is always allowed (weights are synced through host memory
+    anyway); ``cuda`` only where the worker trains on CUDA.
+
+    Raises:
+        ValueError: an unknown value, ``cuda`` without a CUDA worker, or a worker device other than
+            cpu / cuda (e.g. ``npu``: the HF rollout has never been run there).
+    """
+    choice = "auto" if requested is None else str(requested).strip().lower()
+    if choice not in DEVICE_CHOICES:
+        raise ValueError(
+            f"rollout.engine_kwargs.{ENGINE_KWARGS_KEY}.device={requested!r}: expected one of {DEVICE_CHOICES}"
+        )
+    worker = str(worker_device).strip().lower()
+    if choice == "cpu":
+        return "cpu"
+    if worker not in ("cpu", "cuda"):
+        raise ValueError(
+            f"the HF rollout supports the cpu and cuda devices; the actor worker trains on {worker_device!r} "
+            f"(set rollout.engine_kwargs.{ENGINE_KWARGS_KEY}.device=cpu to generate on the host)"
+        )
+    if choice == "cuda" and worker != "cuda":
+        raise ValueError(
+            f"rollout.engine_kwargs.{ENGINE_KWARGS_KEY}.device=cuda, but the actor worker trains on {worker!r}"
+        )
+    return worker
+
+
+def cuda_index(gpu_id: str | None, visible: str | None) -> int:
+    """Index among this process's visible CUDA devices of the GPU Ray gave the actor worker.
+
+    ``gpu_id`` is the worker's ``ray.get_runtime_context().get_accelerator_ids()["GPU"][0]`` (``None``:
+    no worker, take the first visible device); ``visible`` is this process's ``CUDA_VISIBLE_DEVICES``
+    (``None``: every device visible, so ids are indices). The replica starts the server with Ray's
+    ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`` so that Ray leaves the variable as the node has it.
+
+    Raises:
+        RuntimeError: no visible device, or the worker's GPU is not among the visible ones.
+    """
+    if gpu_id is None or str(gpu_id).strip() == "":
+        return 0
+    gpu_id = str(gpu_id).strip()
+    if visible is None:
+        return int(gpu_id)
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if not ids:
+        raise RuntimeError("CUDA_VISIBLE_DEVICES is empty in the HF rollout server: it cannot see its worker's GPU")
+    if gpu_id not in ids:
+        raise RuntimeError(
+            f"the actor worker's GPU {gpu_id!r} is not visible to the HF rollout server (CUDA_VISIBLE_DEVICES={visible!r})"
+        )
+    return ids.index(gpu_id)
+
+
 def _get(cfg: Any, name: str, default: Any = None) -> Any:
     if cfg is None:
         return default
@@ -85,8 +153,10 @@ class HFRolloutServer:
     """Token-in / token-out generation server (wrap with ``ray.remote``; see :class:`HFReplica`).
 
     The constructor takes the same arguments as verl's ``vLLMHttpServer`` so the replica code mirrors
-    verl's; ``workers``, ``node_rank``, ``gpus_per_node``, ``nnodes`` and ``cuda_visible_devices`` are
-    recorded but unused (one server per replica, no tensor parallelism).
+    verl's; ``workers``, ``node_rank``, ``gpus_per_node`` and ``nnodes`` are recorded but unused (one
+    server per replica, no tensor parallelism). ``device`` (resolved by the replica) is where the model
+    lives; with ``cuda``, ``cuda_visible_devices`` is the worker's GPU id (the first of a list), mapped to
+    a torch device by :func:`cuda_index` when the model is loaded.
     """
 
     def __init__(
@@ -101,6 +171,7 @@ class HFRolloutServer:
         nnodes: int = 1,
         cuda_visible_devices: str | None = None,
         server_name: str | None = None,
+        device: str = "cpu",
     ):
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
@@ -113,6 +184,10 @@ class HFRolloutServer:
         self.node_rank = node_rank
         self.server_name = server_name or f"hf_server_{replica_rank}_{node_rank}"
         self.global_steps = None
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"{self.server_name}: device must be 'cpu' or 'cuda' (resolved by HFReplica), got {device!r}")
+        self.device = device
+        self.cuda_visible_devices = cuda_visible_devices
 
         engine_kwargs = _get(self.config, "engine_kwargs", {}) or {}
         opts = dict(engine_kwargs.get(ENGINE_KWARGS_KEY, {}) or {})
@@ -185,6 +260,23 @@ class HFRolloutServer:
         if gen_eos is not None:
             eos.update([int(gen_eos)] if isinstance(gen_eos, int) else [int(t) for t in gen_eos])
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        device = self.device
+        if device == "cuda":
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"{self.server_name}: the HF rollout was placed on cuda but torch sees no CUDA device in the "
+                    f"server process (CUDA_VISIBLE_DEVICES={visible!r}, torch {torch.__version__}, "
+                    f"built for CUDA {torch.version.cuda})"
+                )
+            first_id = str(self.cuda_visible_devices).split(",")[0] if self.cuda_visible_devices else None
+            index = cuda_index(first_id, visible)
+            if index >= torch.cuda.device_count():
+                raise RuntimeError(
+                    f"{self.server_name}: GPU {first_id!r} maps to cuda:{index}, but torch sees "
+                    f"{torch.cuda.device_count()} device(s) (CUDA_VISIBLE_DEVICES={visible!r})"
+                )
+            device = f"cuda:{index}"
 
         self.engine = await loop.run_in_executor(
             self._executor,
@@ -197,6 +289,7 @@ class HFRolloutServer:
                 seed=self.seed,
                 logprobs_mode=self.logprobs_mode,
                 trust_remote_code=bool(self.model_config.trust_remote_code),
+                device=device,
             ),
         )
         max_pos = int(getattr(self.engine.model.config, "max_position_embeddings", 0) or 0)
@@ -219,9 +312,10 @@ class HFRolloutServer:
         self._resume_event.set()
         self._scheduler_task = asyncio.create_task(self._scheduler())
         logger.info(
-            "%s ready: model=%s dtype=%s threads=%d max_batch_size=%d max_model_len=%d",
+            "%s ready: model=%s device=%s dtype=%s threads=%d max_batch_size=%d max_model_len=%d",
             self.server_name,
             self.model_config.local_path,
+            self.engine.device,
             self.engine.dtype,
             num_threads,
             self.max_batch_size,
@@ -400,12 +494,13 @@ class HFRolloutServer:
     # ------------------------------------------------------------------ control (RolloutReplica)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        """Weights and KV cache stay in host memory, so waking up only flips the state."""
+        """Weights stay where they are (host or GPU) and the KV cache lives only as long as a batch, so
+        waking up only flips the state."""
         self._asleep = False
 
     async def sleep(self) -> None:
         """Wait for in-flight requests, then mark the server asleep (the KV cache of a batch is freed when
-        the batch ends; weights stay in host memory and are overwritten by the next weight update)."""
+        the batch ends; weights stay on the server's device and are overwritten by the next weight update)."""
         await self.wait_for_requests_to_drain()
         self._asleep = True
 
@@ -529,8 +624,9 @@ class HFRolloutServer:
             "running": len(self._running),
             "max_model_len": self.max_model_len,
             "num_threads": self.num_threads,
+            "device": str(engine.device),
         }
 
     def get_weights(self) -> dict:
         """A CPU copy of the rollout model's weights (tests and debugging)."""
-        return {k: v.detach().clone() for k, v in self._require_engine().model.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in self._require_engine().model.state_dict().items()}

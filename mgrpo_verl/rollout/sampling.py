@@ -278,6 +278,7 @@ class BatchSampler:
         generators: Sequence[torch.Generator | None],
         default_generator: torch.Generator,
         logprobs_mode: str = "processed_logprobs",
+        device: torch.device | str = "cpu",
     ):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -286,26 +287,27 @@ class BatchSampler:
         self.generators = list(generators)
         self.default_generator = default_generator
         self.logprobs_mode = logprobs_mode
+        self.device = dev = torch.device(device)
         n = len(self.params)
-        self.temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in self.params])
-        self.greedy = torch.tensor([p.greedy for p in self.params])
+        self.temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in self.params], device=dev)
+        self.greedy = torch.tensor([p.greedy for p in self.params], device=dev)
         self.all_greedy = bool(self.greedy.all())
         self.any_greedy = bool(self.greedy.any())
-        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in self.params])
-        self.top_p = torch.tensor([p.top_p for p in self.params])
-        self.min_p = torch.tensor([p.min_p for p in self.params])
+        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in self.params], device=dev)
+        self.top_p = torch.tensor([p.top_p for p in self.params], device=dev)
+        self.min_p = torch.tensor([p.min_p for p in self.params], device=dev)
         self.needs_sort = any(p.needs_sort for p in self.params)
         self.needs_min_p = any(p.min_p > 0 for p in self.params)
         self.needs_temperature = any(p.temperature not in (0.0, 1.0) for p in self.params)
         self.needs_penalties = any(p.needs_penalties for p in self.params)
         if self.needs_penalties:
-            self.rep = torch.tensor([p.repetition_penalty for p in self.params])
-            self.presence = torch.tensor([p.presence_penalty for p in self.params])
-            self.frequency = torch.tensor([p.frequency_penalty for p in self.params])
-            self.seen = torch.zeros(n, vocab_size, dtype=torch.bool)
+            self.rep = torch.tensor([p.repetition_penalty for p in self.params], device=dev)
+            self.presence = torch.tensor([p.presence_penalty for p in self.params], device=dev)
+            self.frequency = torch.tensor([p.frequency_penalty for p in self.params], device=dev)
+            self.seen = torch.zeros(n, vocab_size, dtype=torch.bool, device=dev)
             for i, prompt in enumerate(prompts):
-                self.seen[i, torch.as_tensor(list(prompt), dtype=torch.long)] = True
-            self.counts = torch.zeros(n, vocab_size, dtype=torch.float32)
+                self.seen[i, torch.as_tensor(list(prompt), dtype=torch.long, device=dev)] = True
+            self.counts = torch.zeros(n, vocab_size, dtype=torch.float32, device=dev)
         self.seeded = [i for i, g in enumerate(self.generators) if g is not None]
 
     def select(self, keep: torch.Tensor) -> None:
@@ -351,7 +353,7 @@ class BatchSampler:
                 processed = processed.masked_fill(probs < thresh, float("-inf"))
             if self.needs_sort:
                 sorted_logits, sorted_idx = processed.sort(dim=-1, descending=True)
-                ranks = torch.arange(sorted_logits.shape[-1])
+                ranks = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device)
                 sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= self.top_k[:, None], float("-inf"))
                 sorted_probs = sorted_logits.softmax(dim=-1)
                 exclusive_cum = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -369,8 +371,10 @@ class BatchSampler:
                 uniform.uniform_(generator=self.default_generator)
             else:
                 if unseeded:
-                    idx = torch.tensor(unseeded)
-                    uniform[idx] = torch.rand(len(unseeded), uniform.shape[-1], generator=self.default_generator)
+                    idx = torch.tensor(unseeded, device=uniform.device)
+                    uniform[idx] = torch.rand(
+                        len(unseeded), uniform.shape[-1], generator=self.default_generator, device=uniform.device
+                    )
                 for i in self.seeded:
                     uniform[i].uniform_(generator=self.generators[i])
             noise = uniform.log_().neg_()
@@ -385,7 +389,7 @@ class BatchSampler:
             logprobs = processed_lp.gather(-1, tokens[:, None]).squeeze(-1)
 
         if self.needs_penalties:
-            rows = torch.arange(tokens.shape[0])
+            rows = torch.arange(tokens.shape[0], device=tokens.device)
             self.seen[rows, tokens] = True
             self.counts[rows, tokens] += 1
         return tokens, logprobs
