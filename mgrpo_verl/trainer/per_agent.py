@@ -12,22 +12,25 @@ What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing e
 - **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``.
 
 The step calls verl's methods (``_balance_batch``, ``_compute_old_log_prob``, ``_compute_ref_log_prob``,
-``_update_actor``) unchanged, once per model, inside :meth:`MultiAgentTrainer._as_agent`, which points
-the attributes those methods read (worker group, config, tokenizer, reference flag) at that model.
+``_update_actor``) unchanged, once per model, on an :class:`AgentView` of the trainer, which points the
+attributes those methods read (worker group, config, tokenizer, reference flag) at that model; models
+on disjoint resource pools update concurrently, one thread each (``multi_agent.concurrent_updates``).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import types
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import ray
 import torch
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 from transfer_queue import KVBatchMeta
 
 from verl.checkpoint_engine import CheckpointEngineManager
@@ -234,11 +237,20 @@ class MultiAgentTrainer(PPOTrainer):
         return alignment, plan_update_sets(table, alignment, advantage, owner_of)
 
     def _train_models(self, batch: KVBatchMeta, table: RowTable, updates: dict, metrics: dict, timing_raw: dict):
-        """Each local trainable model's update on its rows (aligned copies written first), with verl's own
-        balance / old-log-prob / reference / actor-update methods. ``batch`` holds the step's real rows in
-        TransferQueue. Returns every key and tag the step wrote (real rows, copies, verl's padding)."""
+        """Each local trainable model's update on its rows, with verl's own balance / old-log-prob /
+        reference / actor-update methods called on an :class:`AgentView` of that model. ``batch`` holds
+        the step's real rows in TransferQueue. Returns every key and tag the step wrote (real rows,
+        copies, verl's padding), in agent order.
+
+        Differs from verl (one policy): the aligned copies of every model are written first, on this
+        thread (their keys come from one shared set); then each model's chain runs, in a thread of its
+        own when the models own disjoint resource pools (:meth:`_concurrent_updates`), else one after the
+        other. Metrics and ``agent/<name>/*`` timings are gathered per model and merged in agent order,
+        so both ways give the same dicts; ``agent_updates`` times the whole phase."""
         keys, tags = list(batch.keys), list(batch.tags)
         taken = set(keys) | set(table.keys)
+        tag_of = dict(zip(keys, tags))
+        jobs = []  # (runtime, rows, copy keys, copy tags, update size)
         for rt in self._trainable():
             update = updates.get(rt.name)
             if update is None or not len(update):
@@ -247,54 +259,71 @@ class MultiAgentTrainer(PPOTrainer):
             with marked_timer(f"agent/{rt.name}/align", timing_raw):
                 new_keys = copy_keys(table, update, taken)
                 new_tags = write_copies(batch, table, update, new_keys)
+            tag_of.update(zip(new_keys, new_tags))
             real = iter(new_keys)
             rows_keys = [next(real) if c else table.keys[s] for s, c in zip(update.source, update.copy)]
-            tag_of = {**dict(zip(keys, tags)), **dict(zip(new_keys, new_tags))}
             rows = KVBatchMeta(
                 partition_id=batch.partition_id,
                 keys=rows_keys,
                 tags=[tag_of[k] for k in rows_keys],
                 extra_info={"temperature": rt.config.actor_rollout_ref.rollout.temperature},
             )
+            jobs.append((rt, rows, new_keys, new_tags, len(update)))
+        concurrent = self._concurrent_updates([job[0] for job in jobs])
+        with marked_timer("agent_updates", timing_raw):
+            results = _run_agent_updates(self._update_agent, [(rt, rows) for rt, rows, *_ in jobs], concurrent)
+        metrics["mgrpo/concurrent_updates"] = float(concurrent)
+        for (rt, _, new_keys, new_tags, size), (agent_metrics, agent_timing, pads) in zip(jobs, results):
             keys.extend(new_keys)
             tags.extend(new_tags)
-            agent_metrics: dict = {}
-            with self._as_agent(rt):
-                rows = self._balance_batch(rows, metrics=agent_metrics)
-                pads = [(k, t) for k, t in zip(rows.keys, rows.tags) if k not in tag_of]
-                # verl's padding rows copy a real row's fields: give them advantages of their own length
-                zeros = np.zeros(len(pads))
-                write_row_values([k for k, _ in pads], rows.partition_id, {"advantages": zeros, "returns": zeros})
-                keys.extend(k for k, _ in pads)
-                tags.extend(t for _, t in pads)
-                with marked_timer(f"agent/{rt.name}/old_log_prob", timing_raw):
-                    rows = self._compute_old_log_prob(rows, metrics=agent_metrics)
-                if rt.use_reference_policy:
-                    with marked_timer(f"agent/{rt.name}/ref", timing_raw):
-                        rows = self._compute_ref_log_prob(rows, metrics=agent_metrics)
-                # verl's old-log-prob step returns the rows with the field list of that moment, which lacks
-                # ref_log_prob (verl's own step refreshes it when it writes advantages, which we wrote
-                # earlier); None makes the update read every field of its rows
-                rows.fields = None
-                with marked_timer(f"agent/{rt.name}/update_actor", timing_raw):
-                    self._update_actor(rows, metrics=agent_metrics)
+            keys.extend(k for k, _ in pads)
+            tags.extend(t for _, t in pads)
+            for name, seconds in agent_timing.items():
+                timing_raw[name] = timing_raw.get(name, 0.0) + seconds
             metrics.update({f"agent/{rt.name}/{k}": v for k, v in agent_metrics.items()})
-            metrics[f"agent/{rt.name}/update_rows"] = float(len(update))
+            metrics[f"agent/{rt.name}/update_rows"] = float(size)
         return keys, tags
 
-    @contextmanager
-    def _as_agent(self, rt: AgentRuntime) -> Iterator[None]:
-        """Point the attributes verl's step methods read at one model, and restore them afterwards."""
-        names = ("config", "actor_rollout_wg", "ref_policy_wg", "tokenizer", "use_reference_policy")
-        saved = {name: getattr(self, name) for name in names}
-        self.config, self.tokenizer = rt.config, rt.tokenizer
-        self.actor_rollout_wg = self.ref_policy_wg = rt.worker_group
-        self.use_reference_policy = rt.use_reference_policy
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                setattr(self, name, value)
+    def _update_agent(self, rt: AgentRuntime, rows: KVBatchMeta) -> tuple[dict, dict, list[tuple[str, dict]]]:
+        """One model's chain on its rows: verl's balance (which may add padding rows), zero advantages
+        for those padding rows, old log-probs, reference log-probs, actor update. Thread-safe for distinct
+        models: it writes only to its own dicts and rows, and to TransferQueue keys of its own. Returns
+        (metrics without the agent prefix, ``agent/<name>/*`` timings, verl's padding rows as (key, tag))."""
+        view = AgentView(self, rt)
+        agent_metrics: dict = {}
+        timing: dict = {}
+        before = set(rows.keys)
+        rows = view._balance_batch(rows, metrics=agent_metrics)
+        pads = [(k, t) for k, t in zip(rows.keys, rows.tags) if k not in before]
+        # verl's padding rows copy a real row's fields: give them advantages of their own length
+        zeros = np.zeros(len(pads))
+        write_row_values([k for k, _ in pads], rows.partition_id, {"advantages": zeros, "returns": zeros})
+        with marked_timer(f"agent/{rt.name}/old_log_prob", timing):
+            rows = view._compute_old_log_prob(rows, metrics=agent_metrics)
+        if rt.use_reference_policy:
+            with marked_timer(f"agent/{rt.name}/ref", timing):
+                rows = view._compute_ref_log_prob(rows, metrics=agent_metrics)
+        # verl's old-log-prob step returns the rows with the field list of that moment, which lacks
+        # ref_log_prob (verl's own step refreshes it when it writes advantages, which we wrote
+        # earlier); None makes the update read every field of its rows
+        rows.fields = None
+        with marked_timer(f"agent/{rt.name}/update_actor", timing):
+            view._update_actor(rows, metrics=agent_metrics)
+        return agent_metrics, timing, pads
+
+    def _concurrent_updates(self, agents: list[AgentRuntime]) -> bool:
+        """Whether the models' update chains run in threads of their own: ``multi_agent.concurrent_updates``
+        ``auto`` (the default) when at least two models update and every one owns a resource pool of its
+        own (models sharing a pool share GPUs: they stay sequential); ``false``: always sequential."""
+        mode = OmegaConf.select(self.config, "multi_agent.concurrent_updates", default="auto")
+        if mode is False:
+            return False
+        if mode not in (None, "auto"):
+            raise ValueError(f"multi_agent.concurrent_updates must be 'auto' or false, got {mode!r}")
+        if len(agents) < 2:
+            return False
+        pools = [self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt))) for rt in agents]
+        return len({id(pool) for pool in pools}) == len(pools)
 
     # ------------------------------------------------------------------------------------ checkpoints
 
@@ -390,3 +419,93 @@ def _row_metrics(table: RowTable, advantage: np.ndarray, tags: list[dict], align
             out[p + "borrowed"] = float((kind == BORROWED).sum())
             out[p + "padding"] = float((kind == PADDING).sum())
     return out
+
+
+# ------------------------------------------------------------------------------ per-agent view / threads
+
+#: verl's step methods that :meth:`MultiAgentTrainer._update_agent` calls on an :class:`AgentView`.
+AGENT_STEP_METHODS = ("_balance_batch", "_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor")
+#: Attributes those methods read (directly or through the methods below) that differ per model.
+AGENT_VIEW_ROUTED = ("config", "actor_rollout_wg", "ref_policy_wg", "tokenizer", "use_reference_policy")
+#: Attributes they read that are the same for every model: taken from the trainer.
+AGENT_VIEW_SHARED = ("use_critic", "global_steps", "ref_in_actor", "distillation_config")
+#: Trainer methods they call on ``self``: bound to the view, so that they too see the model's attributes.
+AGENT_VIEW_METHODS = ("_get_required_batch_multiple",)
+
+
+class AgentView:
+    """The trainer as one model's update sees it, for verl's step methods (:data:`AGENT_STEP_METHODS`).
+
+    Differs from verl, where those methods act on the trainer's single policy: the attributes in
+    :data:`AGENT_VIEW_ROUTED` are the model's (``rt.config``, ``rt.worker_group`` as actor and reference
+    group, ``rt.tokenizer``, ``rt.use_reference_policy``); any other attribute is the trainer's
+    (verl's methods read :data:`AGENT_VIEW_SHARED`), and the trainer's methods are bound to the view
+    (:data:`AGENT_VIEW_METHODS`). A view replaces swapping those attributes on the trainer itself, which
+    two models updating in threads at once could not share. Writing any attribute raises: verl's step
+    methods write none (``tests/contract/test_agent_view.py`` checks the list against verl's source), and
+    a write would otherwise land on the view silently, or leak between models.
+    """
+
+    __slots__ = ("_trainer", *AGENT_VIEW_ROUTED)
+
+    def __init__(self, trainer: PPOTrainer, rt: AgentRuntime):
+        routed = {
+            "config": rt.config,
+            "actor_rollout_wg": rt.worker_group,
+            "ref_policy_wg": rt.worker_group,
+            "tokenizer": rt.tokenizer,
+            "use_reference_policy": rt.use_reference_policy,
+        }
+        object.__setattr__(self, "_trainer", trainer)
+        for name, value in routed.items():
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str):  # only for names that are not routed
+        trainer = object.__getattribute__(self, "_trainer")
+        cls = type(trainer)
+        if name not in getattr(trainer, "__dict__", {}):
+            member = inspect.getattr_static(cls, name, None)
+            if isinstance(member, (types.FunctionType, property)):
+                return member.__get__(self, cls)
+        return getattr(trainer, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(
+            f"AgentView: verl's step method set self.{name}; the per-agent view forbids writes (they would be "
+            f"lost or shared between agents updating at once): update AGENT_VIEW_* in mgrpo_verl/trainer/per_agent.py"
+        )
+
+
+class AgentUpdateError(RuntimeError):
+    """A model's update chain failed; ``agent`` names the model, the cause is chained."""
+
+    def __init__(self, agent: str, error: BaseException):
+        super().__init__(f"update of agent {agent!r} failed: {type(error).__name__}: {error}")
+        self.agent = agent
+
+
+def _run_agent_updates(update: Callable, jobs: list[tuple[AgentRuntime, KVBatchMeta]], concurrent: bool) -> list:
+    """``update(rt, rows)`` for every job, in agent order, or in one thread per job when ``concurrent``
+    (the worker-group calls wait on Ray, which releases the GIL). Returns the results in job order.
+    Every thread is waited for; a failure raises :class:`AgentUpdateError` for the first failed agent in
+    job order, naming the others in a note."""
+    if not concurrent:
+        results = []
+        for rt, rows in jobs:
+            try:
+                results.append(update(rt, rows))
+            except Exception as err:
+                raise AgentUpdateError(rt.name, err) from err
+        return results
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="mgrpo-update") as pool:
+        futures = [pool.submit(update, rt, rows) for rt, rows in jobs]
+        wait(futures)
+    failed = [(rt.name, f.exception()) for (rt, _), f in zip(jobs, futures) if f.exception() is not None]
+    if failed:
+        name, err = failed[0]
+        error = AgentUpdateError(name, err)
+        if len(failed) > 1:
+            error.add_note("other agents that failed in the same step: " + ", ".join(
+                f"{n!r} ({type(e).__name__}: {e})" for n, e in failed[1:]))
+        raise error from err
+    return [f.result() for f in futures]
