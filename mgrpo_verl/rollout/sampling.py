@@ -291,8 +291,8 @@ class BatchSampler:
         n = len(self.params)
         self.temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in self.params], device=dev)
         self.greedy = torch.tensor([p.greedy for p in self.params], device=dev)
-        self.all_greedy = bool(self.greedy.all())
-        self.any_greedy = bool(self.greedy.any())
+        self.all_greedy = all(p.greedy for p in self.params)  # from the host values: no device sync
+        self.any_greedy = any(p.greedy for p in self.params)
         self.top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in self.params], device=dev)
         self.top_p = torch.tensor([p.top_p for p in self.params], device=dev)
         self.min_p = torch.tensor([p.min_p for p in self.params], device=dev)
