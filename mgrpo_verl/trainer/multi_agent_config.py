@@ -16,9 +16,11 @@ sections reject unknown keys, so the multi-agent settings live in a section of t
       decoupled: {role: null, train_agent: null, store: null, sub_urls: {}, serve_host: 127.0.0.1,
                   serve_port: 8470, wait_timeout_s: 60, poll_s: 0.05, max_policy_lag: null,
                   missing_policy: skip, idle_timeout_s: 900, connect_timeout_s: 900}
+      placement: separate
+      gpu_memory_gb: null
       agents:
-        main: {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
-        sub:  {trainable: true, n_gpus_per_node: 1, share_model_with: null, actor_rollout_ref: {}}
+        main: {trainable: true, n_gpus_per_node: null, share_model_with: null, actor_rollout_ref: {}}
+        sub:  {trainable: true, n_gpus_per_node: null, share_model_with: null, actor_rollout_ref: {}}
 
 What every key means, and why it exists:
 
@@ -48,6 +50,23 @@ What every key means, and why it exists:
     Decoupled M-GRPO: this process is the ``main`` or the ``sub`` side, the other side runs elsewhere
     and they exchange only statistics (docs/decoupled.md). See :class:`DecoupledSettings`; on a side,
     only that side's models count against ``trainer.n_gpus_per_node``.
+``placement`` (default ``"separate"``)
+    Where the model owners' workers go. ``separate``: each model owner gets a resource pool of its own,
+    ``agents.<name>.n_gpus_per_node`` GPUs out of ``trainer.n_gpus_per_node`` (the shares add up to at
+    most that). ``shared``: one resource pool of all ``trainer.n_gpus_per_node`` GPUs, and every model
+    owner's actor / reference / rollout worker group spans all of them (verl colocates worker groups of
+    one pool on the same GPUs, each taking a fraction of a GPU), so two agents fit on one GPU. Each
+    agent's rollout engine then takes its own ``rollout.gpu_memory_utilization`` of every GPU (set it
+    per agent in ``agents.<name>.actor_rollout_ref``): all engines are awake during a rollout (the main
+    agent calls the sub-agent mid-rollout), so their fractions must add up to less than 1 (checked for
+    vLLM / SGLang). The trainer sleeps every trainable agent's engines before any update, updates the
+    models one after the other, and moves a frozen agent's actor to CPU once its engine has the weights;
+    ``mgrpo_verl.trainer.memory`` estimates whether the phases fit. With ``shared``, an agent's
+    ``n_gpus_per_node`` must be null or equal to ``trainer.n_gpus_per_node``.
+``gpu_memory_gb`` (default ``null``)
+    Memory of one GPU in GB (10^9 bytes) for the pre-flight memory estimate
+    (:func:`mgrpo_verl.trainer.memory.preflight`): a number > 0, or null to read it from ``torch.cuda``
+    when a GPU is visible (the estimate is skipped, with a log line, when none is).
 ``agents`` (required, non-empty)
     The agents, a mapping keyed by name. Names must match ``[A-Za-z0-9_-]+`` because they become
     metric prefixes (``<agent>/actor/...``) and folder names (checkpoints per agent). Each entry:
@@ -55,11 +74,11 @@ What every key means, and why it exists:
     ``trainable`` (default ``true``)
         Whether this agent's model is updated. A frozen agent still generates (and gets a reference
         / log-prob pass only if needed), so a fixed sub-agent can serve a trained main agent.
-    ``n_gpus_per_node`` (default ``1``)
+    ``n_gpus_per_node`` (default ``null``: 1 with ``placement: separate``, all GPUs with ``shared``)
         This agent's share of ``trainer.n_gpus_per_node`` (GPUs, or logical GPUs on CPU) for its own
         actor + ref + rollout workers (a colocated hybrid engine per agent). Model owners' shares
-        must add up to at most ``trainer.n_gpus_per_node``. Ignored (taken as 0) for an agent that
-        shares another's model: it has no workers of its own.
+        must add up to at most ``trainer.n_gpus_per_node`` (``placement: separate``). Ignored (taken as
+        0) for an agent that shares another's model: it has no workers of its own.
     ``share_model_with`` (default ``null``)
         Another agent's name: this agent has no model of its own; its calls go to that agent's
         model and its rows train that model (the single-agent baseline, where one model plays every
@@ -117,6 +136,16 @@ AGENT_NAME_RE = re.compile(r"[A-Za-z0-9_\-]+")
 
 AGENT_KEYS = ("trainable", "n_gpus_per_node", "share_model_with", "actor_rollout_ref")
 """Keys of one entry of ``multi_agent.agents``."""
+
+PLACEMENTS = ("separate", "shared")
+"""Values of ``multi_agent.placement``."""
+
+SECTION_KEYS = ("enable", "main", "algorithm", "mgrpo", "d_max", "delegation", "agents", "decoupled", "magrpo",
+                "cooperation", "placement", "gpu_memory_gb", "concurrent_updates")
+"""Keys of the ``multi_agent`` section (``concurrent_updates`` is read by the trainer's update step)."""
+
+ENGINES_WITH_MEMORY_FRACTION = ("vllm", "sglang")
+"""Rollout engines that reserve ``rollout.gpu_memory_utilization`` of a GPU when they start."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +378,13 @@ class MultiAgentConfig:
     cooperation: CooperationConfig = dataclasses.field(default_factory=CooperationConfig)
     """The cooperative rollout's settings (``algorithm: magrpo``; defaults otherwise)."""
 
+    placement: str = "separate"
+    """``"separate"`` (a resource pool per model owner) or ``"shared"`` (one pool, every model owner on all
+    ``trainer.n_gpus_per_node`` GPUs)."""
+
+    gpu_memory_gb: Optional[float] = None
+    """Memory of one GPU in GB for the pre-flight estimate; ``None``: ask ``torch.cuda``."""
+
     @property
     def local_owners(self) -> tuple[AgentSpec, ...]:
         """Model owners this process builds workers for: all of them in the synchronous mode, the main
@@ -528,11 +564,7 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
             "config to parse; check multi_agent_enabled(config) first"
         )
     section = OmegaConf.select(config, "multi_agent")
-    _check_keys(
-        section,
-        ("enable", "main", "algorithm", "mgrpo", "d_max", "delegation", "agents", "decoupled", "magrpo", "cooperation"),
-        "multi_agent",
-    )
+    _check_keys(section, SECTION_KEYS, "multi_agent")
 
     def get(key: str, default: Any, resolve: bool = True) -> Any:
         if key not in section:
@@ -541,6 +573,18 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         return default if value is None else value
 
     _check_trainer(config)
+    placement = get("placement", "separate")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"multi_agent.placement must be one of {list(PLACEMENTS)}, got {placement!r}")
+    gpu_memory_gb = get("gpu_memory_gb", None)
+    if gpu_memory_gb is not None and (not _positive(gpu_memory_gb) or not math.isfinite(gpu_memory_gb)):
+        raise ValueError(
+            f"multi_agent.gpu_memory_gb must be null (read the GPU's memory from torch.cuda) or a number of GB > 0, "
+            f"got {gpu_memory_gb!r}"
+        )
+    concurrent = get("concurrent_updates", "auto")
+    if concurrent not in ("auto", False):
+        raise ValueError(f"multi_agent.concurrent_updates must be 'auto' or false, got {concurrent!r}")
 
     # agents
     main = get("main", "main")
@@ -562,7 +606,8 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         raise ValueError(f"multi_agent.main: the main agent {main!r} is not among multi_agent.agents {names}")
 
     raw = {name: _read_agent(agents_node, name) for name in names}
-    specs = _build_specs(raw, main, names)
+    total = OmegaConf.select(config, "trainer.n_gpus_per_node", default=None, throw_on_missing=False)
+    specs = _build_specs(raw, main, names, shared_gpus=total if placement == "shared" else None)
     ordered = (specs[main],) + tuple(specs[n] for n in names if n != main)
     owners = [s for s in ordered if s.owns_model]
 
@@ -582,13 +627,13 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
                 f"validates the whole system; set trainer.val_before_train=false trainer.test_freq=-1 on the sub side"
             )
 
-    total = OmegaConf.select(config, "trainer.n_gpus_per_node", default=None, throw_on_missing=False)
     used = sum(s.n_gpus_per_node for s in owners)
-    if used > total:
+    if placement == "separate" and used > total:
         shares = ", ".join(f"{s.name}={s.n_gpus_per_node}" for s in owners)
         raise ValueError(
             f"multi_agent.agents.*.n_gpus_per_node: the agents with their own model need {used} GPUs in all "
-            f"({shares}) but trainer.n_gpus_per_node is {total}"
+            f"({shares}) but trainer.n_gpus_per_node is {total}; give them fewer, or put them on the same GPUs "
+            f"with multi_agent.placement=shared"
         )
     if decoupled.role is not None and not owners[0].trainable:
         raise ValueError(
@@ -633,6 +678,8 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         raise ValueError(f"multi_agent.d_max must be a positive int (>= 1) or 'auto', got {d_max!r}")
 
     _check_unsupported(config)
+    if placement == "shared":
+        _check_shared_engines(config, owners)
     # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
     _check_agent_overrides(config, owners, rows_per_prompt=magrpo.num_generations if algorithm == "magrpo" else 1)
 
@@ -646,6 +693,8 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         decoupled=decoupled,
         magrpo=magrpo,
         cooperation=cooperation,
+        placement=placement,
+        gpu_memory_gb=None if gpu_memory_gb is None else float(gpu_memory_gb),
     )
 
 
@@ -683,7 +732,9 @@ def _read_agent(agents_node: DictConfig, name: str) -> dict:
     return {k: _child(node, k, f"{path}.{k}", resolve=(k != "actor_rollout_ref")) for k in node.keys()}
 
 
-def _build_specs(raw: dict[str, dict], main: str, names: list[str]) -> dict[str, AgentSpec]:
+def _build_specs(raw: dict[str, dict], main: str, names: list[str], shared_gpus: Optional[int] = None) -> dict[str, AgentSpec]:
+    """``shared_gpus``: ``trainer.n_gpus_per_node`` with ``placement: shared`` (every owner spans all GPUs),
+    ``None`` with ``separate``."""
     # first pass: ownership (share_model_with must name an owner)
     share: dict[str, Optional[str]] = {}
     for name in names:
@@ -741,6 +792,15 @@ def _build_specs(raw: dict[str, dict], main: str, names: list[str]) -> dict[str,
                     f"trained at once; make them equal"
                 )
             gpus = 0  # no workers of its own: the value, if any, is ignored (documented)
+        elif shared_gpus is not None:
+            gpus = raw[name].get("n_gpus_per_node")
+            if gpus is not None and gpus != shared_gpus:
+                raise ValueError(
+                    f"{path}.n_gpus_per_node is {gpus!r} but multi_agent.placement is 'shared': every agent's workers "
+                    f"use all trainer.n_gpus_per_node={shared_gpus} GPUs; set it to null (or "
+                    f"multi_agent.placement=separate to give agents GPUs of their own)"
+                )
+            gpus = shared_gpus
         else:
             gpus = raw[name].get("n_gpus_per_node")
             gpus = 1 if gpus is None else gpus
@@ -954,6 +1014,31 @@ def _check_unsupported(config: DictConfig) -> None:
         raise ValueError(f"{lora[0]} is {lora[1]!r}: LoRA is not supported in multi-agent mode; set it to 0")
     if _select(config, "distillation.enabled") is True:
         raise ValueError("distillation.enabled is true: distillation is not supported in multi-agent mode")
+
+
+def _check_shared_engines(config: DictConfig, owners: list[AgentSpec]) -> None:
+    """``placement: shared``: every owner's rollout engine is awake during a rollout, on the same GPUs, so the
+    fractions of a GPU that vLLM / SGLang engines reserve must add up to less than 1 (the actors need room too)."""
+    fractions = {}
+    for spec in owners:
+        full = agent_full_config(config, spec) if spec.actor_rollout_ref else config
+        if _select(full, "actor_rollout_ref.rollout.name") not in ENGINES_WITH_MEMORY_FRACTION:
+            continue
+        value = _select(full, "actor_rollout_ref.rollout.gpu_memory_utilization")
+        if not _positive(value) or value >= 1:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.gpu_memory_utilization of agent {spec.name!r} must be a fraction in (0, 1), "
+                f"got {value!r}"
+            )
+        fractions[spec.name] = value
+    if sum(fractions.values()) >= 1:
+        each = ", ".join(f"{k}={v}" for k, v in fractions.items())
+        raise ValueError(
+            f"multi_agent.placement is 'shared' but the agents' rollout engines reserve {sum(fractions.values()):g} of "
+            f"every GPU together (actor_rollout_ref.rollout.gpu_memory_utilization: {each}); all of them are awake "
+            f"during a rollout, so the sum must be < 1 with room left for the actors: lower it per agent "
+            f"(multi_agent.agents.<name>.actor_rollout_ref.rollout.gpu_memory_utilization)"
+        )
 
 
 def _check_agent_overrides(config: DictConfig, owners: list[AgentSpec], rows_per_prompt: int = 1) -> None:

@@ -575,3 +575,96 @@ def test_magrpo_batch_sizes():
         parse_multi_agent(base_config(multi_agent={"algorithm": "magrpo", "magrpo": {"num_generations": 4}}))
     with pytest.raises(ValueError, match="num_generations must be set"):
         parse_multi_agent(base_config(multi_agent={"algorithm": "magrpo"}, actor_rollout_ref={"rollout": {"n": 1}}))
+
+
+# ------------------------------------------------------------------------------------ placement
+
+
+def _shared(**overrides) -> DictConfig:
+    """base_config() with placement shared on one GPU and no GPU shares written."""
+    config = base_config(**overrides)
+    return with_updates(config, {
+        "multi_agent.placement": "shared", "trainer.n_gpus_per_node": 1,
+        f"{_A}.main.n_gpus_per_node": _DELETE, f"{_A}.sub.n_gpus_per_node": _DELETE,
+    })
+
+
+def test_placement_defaults_to_separate():
+    parsed = parse_multi_agent(base_config())
+    assert parsed.placement == "separate" and parsed.gpu_memory_gb is None
+    # null shares mean one GPU each, as before
+    parsed = parse_multi_agent(with_updates(base_config(), {f"{_A}.main.n_gpus_per_node": None}))
+    assert [a.n_gpus_per_node for a in parsed.model_owners] == [1, 1]
+
+
+def test_shared_placement_puts_every_owner_on_all_gpus():
+    parsed = parse_multi_agent(_shared())
+    assert parsed.placement == "shared"
+    assert [a.n_gpus_per_node for a in parsed.model_owners] == [1, 1]  # 2 owners on 1 GPU: allowed
+    # every owner spans all GPUs; a written share equal to the total is accepted
+    parsed = parse_multi_agent(with_updates(_shared(), {"trainer.n_gpus_per_node": 4, f"{_A}.sub.n_gpus_per_node": 4}))
+    assert [a.n_gpus_per_node for a in parsed.model_owners] == [4, 4]
+    sub = agent_full_config(with_updates(_shared(), {"trainer.n_gpus_per_node": 4}), parsed.agent("sub"))
+    assert sub.trainer.n_gpus_per_node == 4 and sub.actor_rollout_ref.rollout.n_gpus_per_node == 4
+    # replica ranks still count over both agents (one replica each per GPU): 0 and 4
+    assert parsed.replica_offsets({"main": 4, "sub": 4}) == {"main": 0, "sub": 4}
+    # a sharing agent still has no workers
+    single = parse_multi_agent(with_updates(_shared(), {f"{_A}.sub.share_model_with": "main"}))
+    assert [a.n_gpus_per_node for a in single.agents] == [1, 0]
+
+
+def test_gpu_memory_gb():
+    assert parse_multi_agent(with_updates(base_config(), {"multi_agent.gpu_memory_gb": 80})).gpu_memory_gb == 80.0
+    assert parse_multi_agent(with_updates(base_config(), {"multi_agent.gpu_memory_gb": 79.5})).gpu_memory_gb == 79.5
+
+
+def test_shared_engines_fraction_sum():
+    vllm = {"actor_rollout_ref.rollout.name": "vllm"}
+    ok = with_updates(_shared(), {**vllm, "actor_rollout_ref.rollout.gpu_memory_utilization": 0.3})
+    assert parse_multi_agent(ok).placement == "shared"
+    # per-agent override: 0.3 + 0.6 < 1
+    ok = with_updates(ok, {f"{_A}.sub.actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.6}}})
+    parse_multi_agent(ok)
+    too_much = with_updates(ok, {f"{_A}.sub.actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.7}}})
+    with pytest.raises(ValueError, match=r"reserve 1 of every GPU together .*main=0.3, sub=0.7"):
+        parse_multi_agent(too_much)
+    # the same fractions on GPUs of their own are fine
+    separate = with_updates(too_much, {"multi_agent.placement": "separate", "trainer.n_gpus_per_node": 2})
+    assert parse_multi_agent(separate).placement == "separate"
+    # the CPU rollout (hf) reserves nothing
+    parse_multi_agent(with_updates(_shared(), {"actor_rollout_ref.rollout.name": "hf",
+                                               "actor_rollout_ref.rollout.gpu_memory_utilization": 0.9}))
+
+
+PLACEMENT_INVALID = {
+    "unknown_placement": ({"multi_agent.placement": "colocated"}, "multi_agent.placement must be one of ['separate', 'shared'], got 'colocated'"),
+    "placement_null_is_default": None,
+    "share_with_shared": (
+        {"multi_agent.placement": "shared", f"{_A}.main.n_gpus_per_node": _DELETE},
+        f"{_A}.sub.n_gpus_per_node is 1 but multi_agent.placement is 'shared': every agent's workers use all "
+        f"trainer.n_gpus_per_node=2 GPUs",
+    ),
+    "gpu_memory_zero": ({"multi_agent.gpu_memory_gb": 0}, "multi_agent.gpu_memory_gb must be null"),
+    "gpu_memory_string": ({"multi_agent.gpu_memory_gb": "80GB"}, "got '80GB'"),
+    "gpu_memory_bool": ({"multi_agent.gpu_memory_gb": True}, "multi_agent.gpu_memory_gb"),
+    "concurrent_updates": ({"multi_agent.concurrent_updates": "yes"}, "multi_agent.concurrent_updates must be 'auto' or false"),
+    "engine_fraction_one": (
+        {"multi_agent.placement": "shared", "trainer.n_gpus_per_node": 1, f"{_A}.main.n_gpus_per_node": _DELETE,
+         f"{_A}.sub.n_gpus_per_node": _DELETE, "actor_rollout_ref.rollout.name": "vllm",
+         "actor_rollout_ref.rollout.gpu_memory_utilization": 1.0},
+        "gpu_memory_utilization of agent 'main' must be a fraction in (0, 1), got 1.0",
+    ),
+    "gpus_over_total_hint": ({f"{_A}.sub.n_gpus_per_node": 2}, "multi_agent.placement=shared"),
+}
+del PLACEMENT_INVALID["placement_null_is_default"]
+
+
+@pytest.mark.parametrize("updates,expected", list(PLACEMENT_INVALID.values()), ids=list(PLACEMENT_INVALID))
+def test_invalid_placement(updates, expected):
+    with pytest.raises(ValueError) as info:
+        parse_multi_agent(with_updates(base_config(), updates))
+    assert expected in str(info.value)
+
+
+def test_placement_null_is_separate():
+    assert parse_multi_agent(with_updates(base_config(), {"multi_agent.placement": None})).placement == "separate"

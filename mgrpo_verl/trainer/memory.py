@@ -1,0 +1,505 @@
+"""Pre-flight GPU memory estimate of a multi-agent layout, run before Ray starts.
+
+verl checks nothing of the sort: a layout that cannot fit fails minutes later, in a worker, with a CUDA
+out-of-memory error (or a vLLM start-up error). This module adds up, per GPU and per phase of a training
+step, what each agent keeps on that GPU, and :func:`preflight` refuses a layout whose peak exceeds the
+GPU's memory, naming the figures and what to change. It is an estimate of the large terms, not a
+simulation: it refuses what cannot fit, it does not promise that the rest fits.
+
+What is counted, per GPU (GB = 10^9 bytes; P = parameters from the model's local ``config.json``,
+W = GPUs of the agent's worker group, FSDP shards over W; T = tokens of one micro-batch, V = vocabulary):
+
+=====================  ===================================================================================
+term                   bytes per GPU
+=====================  ===================================================================================
+actor params           P x bytes(``actor.fsdp_config.model_dtype``, verl's default fp32) / W
+gradients              same as the actor params (trainable agents, during their update only)
+optimizer (AdamW)      P x 8 / W: two fp32 moments (trainable agents; none for a frozen one, which never
+                       steps)
+reference model        P x bytes(``ref.fsdp_config.model_dtype``) / W, when the agent uses a reference
+                       (KL loss)
+rollout engine         vLLM / SGLang: ``rollout.gpu_memory_utilization`` x GPU memory (the engine's whole
+                       budget: weights + KV cache); any other engine (CPU ``hf``): P x bytes(``rollout.dtype``)
+logits (log-prob)      T x V x bytes(``mixed_precision.param_dtype``, default bf16) x copies, with
+                       T = ``log_prob_micro_batch_size_per_gpu`` x (prompt + response length), or
+                       max(``log_prob_max_token_len_per_gpu``, prompt + response) with
+                       ``log_prob_use_dynamic_bsz``; copies = 1 with ``model.use_remove_padding``, 2
+                       without it (verl computes padded logits, then packs a copy of them)
+logits (update)        as above with ``ppo_micro_batch_size_per_gpu`` / ``ppo_max_token_len_per_gpu``,
+                       copies + 1 (their gradient)
+activations (update)   Korthikanti et al. 2022, flash attention: 34 x T x hidden bytes per layer; with
+                       ``model.enable_gradient_checkpointing`` 2 x T x hidden per layer plus one layer's 34
+CUDA context           1 GB per agent worker process on the GPU (context, NCCL, allocator slack)
+=====================  ===================================================================================
+
+What stays on a GPU between phases (*resident*): a trainable agent's actor params unless
+``actor.fsdp_config.param_offload``, its optimizer states unless ``optimizer_offload``, its reference unless
+``ref.fsdp_config.param_offload``; a frozen agent's actor params with ``placement: separate``, nothing with
+``shared`` (the trainer moves a frozen actor to CPU once its engine has the weights).
+
+Phases, per group of GPUs (one group per agent with ``placement: separate``, one for all with ``shared``):
+
+* ``rollout``: every engine awake (the main agent calls the sub-agent mid-rollout) + everything resident.
+  It also bounds start-up (each engine starts while the earlier ones are awake) and the weight syncs;
+  ``weight sync <a>`` adds agent a's actor params when they are offloaded (they come back for the sync).
+* ``old log-prob <a>`` / ``reference <a>`` / ``update <a>``, for each trainable agent a, one at a time: the
+  trainable agents' engines are asleep (the trainer sleeps them all before any update), frozen agents'
+  engines stay awake; the other agents' resident state; a's params, optimizer, reference as the phase
+  needs them, and its logits / activations.
+
+Pure functions except :func:`read_model_config` (reads a local file or the Hugging Face cache, never the
+network), :func:`detect_gpu_memory_gb` (``torch.cuda``) and :func:`preflight` (both, and prints).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from mgrpo_verl.trainer.multi_agent_config import (
+    ENGINES_WITH_MEMORY_FRACTION,
+    MultiAgentConfig,
+    agent_full_config,
+    multi_agent_enabled,
+    parse_multi_agent,
+)
+
+logger = logging.getLogger(__name__)
+
+GB = 1e9
+"""Bytes of one GB (decimal, as GPU vendors count: an "80 GB" H100)."""
+
+ADAMW_BYTES_PER_PARAM = 8
+"""AdamW's two moments in fp32."""
+
+PROCESS_OVERHEAD_GB = 1.0
+"""CUDA context, NCCL buffers and allocator slack of one agent worker process on a GPU."""
+
+ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER = 34
+"""Korthikanti et al. 2022 ("Reducing activation recomputation in large transformer models"), 16-bit
+activations of one transformer layer per token and hidden unit, without the attention-score term (flash
+attention / SDPA do not store the scores)."""
+
+CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN_LAYER = 2
+"""With gradient checkpointing, one 16-bit hidden state per layer is kept."""
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "float": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2}
+
+
+class MemoryLayoutError(ValueError):
+    """The layout cannot fit on the GPUs (the message holds the figures and what to change)."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# model size
+
+
+def count_parameters(hf: Mapping[str, Any]) -> int:
+    """Parameters of a decoder-only transformer from its Hugging Face ``config.json`` values.
+
+    Embedding V x h; per layer: attention q (h x heads x d), k and v (h x kv_heads x d each), o
+    (heads x d x h), with q/k/v biases for ``attention_bias: true`` or the ``qwen2`` family, q/k norms (d
+    each) for the ``qwen3`` family; gated MLP 3 x h x intermediate; two norms of h; a final norm h; an
+    output head V x h unless ``tie_word_embeddings``. d = ``head_dim`` or h / heads; kv_heads defaults to
+    heads.
+    """
+    try:
+        h, layers, inter, vocab = (int(hf[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+    except KeyError as err:
+        raise ValueError(f"config.json lacks {err.args[0]!r}: cannot count the model's parameters") from None
+    heads = int(hf.get("num_attention_heads") or 1)
+    kv = int(hf.get("num_key_value_heads") or heads)
+    d = int(hf.get("head_dim") or h // heads)
+    family = str(hf.get("model_type", ""))
+    q, k = heads * d, kv * d
+    attention = h * q + 2 * h * k + q * h
+    if hf.get("attention_bias", family == "qwen2"):
+        attention += q + 2 * k
+    if family.startswith("qwen3"):
+        attention += 2 * d
+    layer = attention + 3 * h * inter + 2 * h
+    head = 0 if hf.get("tie_word_embeddings", False) else vocab * h
+    return vocab * h + layers * layer + h + head
+
+
+def read_model_config(path: str) -> Optional[tuple[dict, str]]:
+    """(``config.json`` values, file read) of a local model folder, or of a hub name already in the local
+    Hugging Face cache; ``None`` when neither has it. Never downloads."""
+    candidate = os.path.join(os.path.expanduser(str(path)), "config.json")
+    if not os.path.isfile(candidate):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:  # pragma: no cover - verl depends on it
+            return None
+        try:
+            cached = try_to_load_from_cache(str(path), "config.json")
+        except Exception:  # not a valid repo id
+            return None
+        if not isinstance(cached, str):
+            return None
+        candidate = cached
+    with open(candidate) as f:
+        return json.load(f), candidate
+
+
+# ----------------------------------------------------------------------------------------------------
+# per-agent figures
+
+
+@dataclass(frozen=True)
+class AgentFigures:
+    """Per-GPU memory terms of one model owner (GB), and the inputs behind them (see the module table)."""
+
+    name: str
+    gpus: int
+    trainable: bool
+    params: int
+    actor: float
+    grads: float
+    optimizer: float
+    reference: float
+    engine: float
+    logprob_logits: float
+    ref_logits: float
+    update_logits: float
+    activations: float
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    ref_offload: bool = False
+    actor_resident_when_frozen: bool = True
+    notes: tuple[str, ...] = ()
+    """How the larger terms were computed, for the refusal message."""
+
+    @property
+    def resident(self) -> float:
+        """What stays on the GPU between phases (see the module docstring)."""
+        if not self.trainable:
+            return self.actor if (self.actor_resident_when_frozen and not self.param_offload) else 0.0
+        return (
+            (0.0 if self.param_offload else self.actor)
+            + (0.0 if self.optimizer_offload else self.optimizer)
+            + (0.0 if self.ref_offload else self.reference)
+        )
+
+
+def _bytes(dtype: Any, default: str) -> int:
+    name = str(dtype if dtype is not None else default).lower()
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r} in the memory estimate; known: {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def _get(config: DictConfig, key: str, default: Any = None) -> Any:
+    value = OmegaConf.select(config, key, default=default, throw_on_missing=False)
+    return default if value is None else value
+
+
+def _tokens(config: DictConfig, section: str, micro_key: str, dynamic_key: str, budget_key: str, seq: int) -> tuple[int, str]:
+    if _get(config, f"{section}.{dynamic_key}", False):
+        budget = int(_get(config, f"{section}.{budget_key}", seq))
+        return max(budget, seq), f"{section}.{budget_key}={budget} tokens (dynamic batch size)"
+    micro = int(_get(config, f"{section}.{micro_key}", 1))
+    return micro * seq, f"{section}.{micro_key}={micro} x {seq} tokens"
+
+
+def agent_figures(
+    name: str,
+    config: DictConfig,
+    hf: Mapping[str, Any],
+    gpu_gb: float,
+    trainable: bool,
+    use_reference: bool,
+    frozen_actor_resident: bool = True,
+) -> AgentFigures:
+    """One model owner's terms from its full config (``agent_full_config``: its own ``actor_rollout_ref`` and
+    ``trainer.n_gpus_per_node``) and its model's ``config.json`` values."""
+    arr = "actor_rollout_ref"
+    params = count_parameters(hf)
+    hidden, layers, vocab = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["vocab_size"])
+    world = int(_get(config, "trainer.n_gpus_per_node", 1))
+    actor = params * _bytes(_get(config, f"{arr}.actor.fsdp_config.model_dtype"), "fp32") / world / GB
+    ref = params * _bytes(_get(config, f"{arr}.ref.fsdp_config.model_dtype"), "fp32") / world / GB if use_reference else 0.0
+    rollout_name = _get(config, f"{arr}.rollout.name", "vllm")
+    notes = []
+    if rollout_name in ENGINES_WITH_MEMORY_FRACTION:
+        fraction = float(_get(config, f"{arr}.rollout.gpu_memory_utilization", 0.5))
+        engine = fraction * gpu_gb
+        notes.append(f"rollout engine {engine:.2f} GB = gpu_memory_utilization {fraction:g} x {gpu_gb:g} GB")
+    else:
+        engine = params * _bytes(_get(config, f"{arr}.rollout.dtype"), "bf16") / GB
+        notes.append(f"rollout engine {engine:.2f} GB = its copy of the weights ({rollout_name})")
+
+    logit_bytes = _bytes(_get(config, f"{arr}.actor.fsdp_config.mixed_precision.param_dtype"), "bf16")
+    rmpad = bool(_get(config, f"{arr}.model.use_remove_padding", False))
+    copies = 1 if rmpad else 2
+    seq = int(_get(config, f"{arr}.rollout.prompt_length", _get(config, "data.max_prompt_length", 0))) + int(
+        _get(config, f"{arr}.rollout.response_length", _get(config, "data.max_response_length", 0))
+    )
+
+    def logits(tokens: int, factor: int) -> float:
+        return tokens * vocab * logit_bytes * factor / GB
+
+    lp_tokens, lp_how = _tokens(config, f"{arr}.rollout", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
+                                "log_prob_max_token_len_per_gpu", seq)
+    ref_tokens, _ = _tokens(config, f"{arr}.ref", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
+                            "log_prob_max_token_len_per_gpu", seq)
+    up_tokens, up_how = _tokens(config, f"{arr}.actor", "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz",
+                                "ppo_max_token_len_per_gpu", seq)
+    padding = f"use_remove_padding={str(rmpad).lower()}: {copies} cop{'y' if copies == 1 else 'ies'}"
+    notes.append(
+        f"log-prob logits {logits(lp_tokens, copies):.2f} GB = {lp_how} x vocab {vocab} x {logit_bytes} B ({padding})"
+    )
+    checkpointing = bool(_get(config, f"{arr}.model.enable_gradient_checkpointing", False))
+    if checkpointing:
+        act = (CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN_LAYER * layers + ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER) * up_tokens * hidden / GB
+    else:
+        act = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER * layers * up_tokens * hidden / GB
+    if trainable:
+        notes.append(
+            f"update logits {logits(up_tokens, copies + 1):.2f} GB = {up_how} x vocab {vocab} x {logit_bytes} B "
+            f"({padding}, + gradient); activations {act:.2f} GB (gradient checkpointing "
+            f"{'on' if checkpointing else 'off'})"
+        )
+    return AgentFigures(
+        name=name,
+        gpus=world,
+        trainable=trainable,
+        params=params,
+        actor=actor,
+        grads=actor if trainable else 0.0,
+        optimizer=params * ADAMW_BYTES_PER_PARAM / world / GB if trainable else 0.0,
+        reference=ref,
+        engine=engine,
+        logprob_logits=logits(lp_tokens, copies) if trainable else 0.0,
+        ref_logits=logits(ref_tokens, copies) if use_reference else 0.0,
+        update_logits=logits(up_tokens, copies + 1) if trainable else 0.0,
+        activations=act if trainable else 0.0,
+        param_offload=bool(_get(config, f"{arr}.actor.fsdp_config.param_offload", False)),
+        optimizer_offload=bool(_get(config, f"{arr}.actor.fsdp_config.optimizer_offload", False)),
+        ref_offload=bool(_get(config, f"{arr}.ref.fsdp_config.param_offload", False)),
+        actor_resident_when_frozen=frozen_actor_resident,
+        notes=tuple(notes),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# phases
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Memory in use on one GPU of ``group`` during one phase: ``parts`` are (label, GB)."""
+
+    group: str
+    name: str
+    parts: tuple[tuple[str, float], ...]
+
+    @property
+    def total(self) -> float:
+        return sum(gb for _, gb in self.parts)
+
+
+def group_phases(group: str, agents: list[AgentFigures]) -> list[Phase]:
+    """The phases of one group of GPUs shared by ``agents`` (see the module docstring)."""
+    overhead = (f"CUDA contexts of {len(agents)} worker(s)", PROCESS_OVERHEAD_GB * len(agents))
+
+    def resident(a: AgentFigures) -> list[tuple[str, float]]:
+        if not a.trainable:
+            return [(f"{a.name}: actor params", a.resident)] if a.resident else []
+        out = []
+        if not a.param_offload:
+            out.append((f"{a.name}: actor params", a.actor))
+        if not a.optimizer_offload and a.optimizer:
+            out.append((f"{a.name}: AdamW states", a.optimizer))
+        if not a.ref_offload and a.reference:
+            out.append((f"{a.name}: reference", a.reference))
+        return out
+
+    rollout = [p for a in agents for p in resident(a)] + [(f"{a.name}: rollout engine", a.engine) for a in agents]
+    phases = [Phase(group, "rollout", tuple(rollout + [overhead]))]
+    for a in agents:
+        if not a.trainable:
+            continue
+        if a.param_offload:
+            phases.append(Phase(group, f"weight sync {a.name}", tuple(rollout + [(f"{a.name}: actor params", a.actor), overhead])))
+        others = [p for b in agents if b is not a for p in resident(b)]
+        others += [(f"{b.name}: rollout engine (frozen, awake)", b.engine) for b in agents if b is not a and not b.trainable]
+        params = [(f"{a.name}: actor params", a.actor)]
+        optimizer = [(f"{a.name}: AdamW states", a.optimizer)] if a.optimizer else []
+        kept_opt = [] if a.optimizer_offload else optimizer
+        ref = [(f"{a.name}: reference", a.reference)] if a.reference else []
+        kept_ref = [] if a.ref_offload else ref
+        kept_params = [] if a.param_offload else params
+        phases.append(Phase(group, f"old log-prob {a.name}", tuple(
+            others + params + kept_opt + kept_ref + [(f"{a.name}: log-prob logits", a.logprob_logits), overhead])))
+        if a.reference:
+            phases.append(Phase(group, f"reference {a.name}", tuple(
+                others + kept_params + kept_opt + ref + [(f"{a.name}: reference logits", a.ref_logits), overhead])))
+        phases.append(Phase(group, f"update {a.name}", tuple(
+            others + params + [(f"{a.name}: gradients", a.grads)] + optimizer + kept_ref
+            + [(f"{a.name}: activations", a.activations), (f"{a.name}: update logits", a.update_logits), overhead])))
+    return phases
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Every phase of every GPU group, for GPUs of ``gpu_gb`` GB."""
+
+    gpu_gb: float
+    placement: str
+    agents: tuple[AgentFigures, ...]
+    phases: tuple[Phase, ...]
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.total <= self.gpu_gb
+
+    def summary(self) -> str:
+        peak = self.peak
+        return (f"mgrpo memory estimate: peak {peak.total:.1f} GB of {self.gpu_gb:g} GB per GPU ({peak.group}, phase "
+                f"{peak.name!r}; multi_agent.placement={self.placement})")
+
+    def agent_lines(self) -> list[str]:
+        lines = []
+        for a in self.agents:
+            role = "trainable" if a.trainable else "frozen"
+            lines.append(
+                f"  {a.name} ({role}, {a.params / 1e9:.2f} B params, FSDP over {a.gpus} GPU(s)): actor params "
+                f"{a.actor:.2f} GB, gradients {a.grads:.2f} GB, AdamW {a.optimizer:.2f} GB, reference {a.reference:.2f} GB, "
+                f"rollout engine {a.engine:.2f} GB, log-prob logits {a.logprob_logits:.2f} GB, update logits "
+                f"{a.update_logits:.2f} GB, activations {a.activations:.2f} GB; offload: params "
+                f"{str(a.param_offload).lower()}, optimizer {str(a.optimizer_offload).lower()}"
+            )
+            lines.extend(f"    {note}" for note in a.notes)
+        return lines
+
+    def refusal(self) -> str:
+        peak = self.peak
+        parts = sorted(peak.parts, key=lambda p: -p[1])
+        breakdown = ", ".join(f"{label} {gb:.2f}" for label, gb in parts if gb > 0)
+        return "\n".join([
+            f"multi_agent memory estimate: this layout cannot fit on GPUs of {self.gpu_gb:g} GB "
+            f"(multi_agent.placement={self.placement}): {peak.group} need {peak.total:.1f} GB per GPU in phase "
+            f"{peak.name!r} ({breakdown} GB).",
+            "Per agent, per GPU:",
+            *self.agent_lines(),
+            "What to change: " + "; ".join(_hints(self, parts)),
+            "(the GPU memory is multi_agent.gpu_memory_gb, or torch.cuda's when that is null; terms: "
+            "mgrpo_verl/trainer/memory.py)",
+        ])
+
+
+def _hints(est: MemoryEstimate, parts: list[tuple[str, float]]) -> list[str]:
+    hints: list[str] = []
+    for label, _ in parts:
+        agent, _, term = label.partition(": ")
+        where = f"multi_agent.agents.{agent}.actor_rollout_ref" if agent in {a.name for a in est.agents} else "actor_rollout_ref"
+        if term.startswith("log-prob logits") or term.startswith("reference logits"):
+            hint = (f"smaller actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu / ref.log_prob_micro_batch_size_per_gpu "
+                    f"(or log_prob_use_dynamic_bsz with a smaller log_prob_max_token_len_per_gpu), and "
+                    f"actor_rollout_ref.model.use_remove_padding=true")
+        elif term.startswith("update logits") or term.startswith("activations"):
+            hint = (f"smaller actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (or use_dynamic_bsz with a smaller "
+                    f"ppo_max_token_len_per_gpu), actor_rollout_ref.model.enable_gradient_checkpointing=true, "
+                    f"actor_rollout_ref.model.use_remove_padding=true")
+        elif term.startswith("rollout engine"):
+            hint = f"lower gpu_memory_utilization ({where}.rollout.gpu_memory_utilization)"
+        elif term in ("actor params", "AdamW states", "gradients"):
+            hint = "enable actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload (or more GPUs per agent)"
+        elif term == "reference":
+            hint = "enable actor_rollout_ref.ref.fsdp_config.param_offload"
+        else:
+            continue
+        if hint not in hints:
+            hints.append(hint)
+    if est.placement == "shared" and len(est.agents) > 1:
+        hints.append("or give each agent GPUs of its own (multi_agent.placement=separate)")
+    return hints
+
+
+def estimate(agents: list[AgentFigures], placement: str, gpu_gb: float) -> MemoryEstimate:
+    """The phases of ``agents`` (model owners of this process, in order) under ``placement``."""
+    if placement == "shared":
+        phases = group_phases("the shared GPUs (all agents)", list(agents))
+    else:
+        phases = [p for a in agents for p in group_phases(f"the GPUs of agent {a.name!r}", [a])]
+    return MemoryEstimate(gpu_gb=gpu_gb, placement=placement, agents=tuple(agents), phases=tuple(phases))
+
+
+# ----------------------------------------------------------------------------------------------------
+# from a trainer config
+
+
+def estimate_config(
+    config: DictConfig,
+    gpu_gb: float,
+    model_configs: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    ma: Optional[MultiAgentConfig] = None,
+) -> tuple[Optional[MemoryEstimate], str]:
+    """(estimate, "") for this process's model owners, or (None, why) when a model's ``config.json`` is not
+    on this machine. ``model_configs`` (agent -> config.json values) replaces reading the files."""
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    ma = ma or parse_multi_agent(config)
+    figures = []
+    for spec in ma.local_owners:
+        full = agent_full_config(config, spec)
+        if model_configs is not None and spec.name in model_configs:
+            hf = model_configs[spec.name]
+        else:
+            path = OmegaConf.select(full, "actor_rollout_ref.model.path")
+            found = read_model_config(path)
+            if found is None:
+                return None, (f"no local config.json for agent {spec.name!r} ({path}): not a folder with one and not in the "
+                              f"Hugging Face cache (the estimate never downloads)")
+            hf = found[0]
+        use_ref = spec.trainable and need_reference_policy(full)
+        figures.append(agent_figures(spec.name, full, hf, gpu_gb, spec.trainable, use_ref,
+                                     frozen_actor_resident=ma.placement != "shared"))
+    return estimate(figures, ma.placement, gpu_gb), ""
+
+
+def detect_gpu_memory_gb() -> Optional[float]:
+    """Memory of the smallest visible GPU in GB from ``torch.cuda`` (device properties only: no allocation),
+    ``None`` when no GPU is visible."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return None
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return None
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / GB
+
+
+def preflight(config: DictConfig) -> Optional[MemoryEstimate]:
+    """Estimate the layout of ``config`` and raise :class:`MemoryLayoutError` when it cannot fit; print one
+    summary line either way (or why it was skipped). Returns the estimate, ``None`` when skipped (not a
+    multi-agent config, no GPU memory known, a model's ``config.json`` not on this machine)."""
+    if not multi_agent_enabled(config):
+        return None
+    ma = parse_multi_agent(config)
+    gpu_gb = ma.gpu_memory_gb
+    source = "multi_agent.gpu_memory_gb"
+    if gpu_gb is None:
+        gpu_gb, source = detect_gpu_memory_gb(), "torch.cuda"
+    if gpu_gb is None:
+        print("mgrpo memory estimate skipped: no GPU visible and multi_agent.gpu_memory_gb is null", flush=True)
+        return None
+    est, why = estimate_config(config, gpu_gb, ma=ma)
+    if est is None:
+        print(f"mgrpo memory estimate skipped: {why}", flush=True)
+        return None
+    if not est.fits:
+        raise MemoryLayoutError(est.refusal())
+    print(f"{est.summary()}; GPU memory from {source}", flush=True)
+    return est

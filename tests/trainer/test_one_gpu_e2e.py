@@ -1,0 +1,79 @@
+"""End to end on CPU: two agents, each with its own model, on ONE logical GPU (``multi_agent.placement=shared``).
+
+``python -m mgrpo_verl.main_ppo`` with ``trainer.n_gpus_per_node=1``: the main agent's and the sub-agent's
+actor / rollout worker groups share one resource pool (one placement group, one bundle, one logical GPU),
+both models train 2 steps, and each rollout server receives its own model's weights after every step.
+Where the workers sit is read from the trainer's ``mgrpo placement:`` lines, which each worker answers
+from inside (its Ray placement group and GPU ids). The pre-flight memory estimate runs with
+``multi_agent.gpu_memory_gb=80`` and prints its summary.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DENSE_SCORER = """
+def score(role, text, ground_truth):
+    return sum(c in "aeiouAEIOU" for c in text[:16]) / 16
+"""
+
+PLACEMENT = re.compile(r"mgrpo placement: agent (\S+) rank (\d+) pool (\S+) placement_group (\S+) bundle (\d+) gpus (\S*)")
+
+
+def _synced(log: str, replica: int) -> list[tuple[int, str]]:
+    pattern = rf"HF rollout replica {replica}: .*global_steps=(\S+), fingerprint=(\w+)"
+    return [(int(step), fp) for step, fp in re.findall(pattern, log)]
+
+
+def test_two_agents_train_on_one_gpu(main_ppo, tmp_path):
+    scorer = tmp_path / "dense_scorer.py"
+    scorer.write_text(DENSE_SCORER)
+    run = main_ppo(
+        "one_gpu",
+        "trainer.n_gpus_per_node=1",
+        "multi_agent.placement=shared",
+        "multi_agent.gpu_memory_gb=80",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_small}",
+        "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}",
+        "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
+        f"multi_agent.delegation.scorer={scorer}:score",
+        config="mgrpo_trainer",
+    )
+    assert run.returncode == 0, run.log[-6000:]
+    assert run.steps() == [1, 2]
+
+    # both worker groups in the one shared pool: the same placement group, bundle 0, the same logical GPU
+    placed = defaultdict(list)
+    for agent, rank, pool, group, bundle, gpus in PLACEMENT.findall(run.log):
+        placed[agent].append((int(rank), pool, group, int(bundle), gpus))
+    assert set(placed) == {"main", "sub"}, run.log[-4000:]
+    assert placed["main"] == [(0, "agents_shared", placed["main"][0][2], 0, "0")]
+    assert placed["sub"] == placed["main"]
+    assert placed["main"][0][2] != "none"
+
+    # both models update at every step
+    for step in (1, 2):
+        m = run.at(step)
+        for agent in ("main", "sub"):
+            assert m[f"agent/{agent}/update_rows"] > 0
+            assert math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
+            assert m[f"agent/{agent}/actor/grad_norm"] > 0
+
+    # each agent's server (replica ranks 0 and 1, both on the one GPU) got its own model's new weights
+    for replica in (0, 1):
+        synced = _synced(run.log, replica)
+        assert [step for step, _ in synced] == [0, 1, 2], synced
+        assert len({fp for _, fp in synced}) == 3, synced
+    assert set(_synced(run.log, 0)).isdisjoint(_synced(run.log, 1))
+
+    # the pre-flight estimate ran (tiny models: far below 80 GB)
+    assert re.search(r"mgrpo memory estimate: peak [\d.]+ GB of 80 GB per GPU \(the shared GPUs", run.log), run.log[-3000:]
