@@ -10,8 +10,9 @@
 #
 # torch: we ask for the local version 2.13.0+cpu, which only CPU builds carry (a local wheel cache or
 # the PyTorch CPU index); plain PyPI has no such version, so this can never pull a CUDA build. After
-# installing, the script refuses a torch that was built with CUDA. GPU users install their CUDA torch
-# 2.13.0 themselves first and then `pip install -e .[vllm]`: the pin torch==2.13.0 accepts any build.
+# installing, the script refuses a torch that was built with CUDA. pyproject.toml admits torch 2.11-2.13,
+# so the CPU build installed here is kept. GPU machines do not use this script: README "Install on GPUs"
+# (`pip install -e ".[vllm]"`, verl 0.9.1's tested set with torch 2.11.0).
 set -euo pipefail
 
 MGRPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
