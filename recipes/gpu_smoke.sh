@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# GPU smoke kit: a few real `python -m mgrpo_verl.main_ppo` steps per stage on one CUDA GPU, no download
+# (the built-in tiny models, or SMOKE_MODEL=<local model dir>), then one results file.
+#
+#   bash recipes/gpu_smoke.sh                 # A1 A2 B1 B2 (about 8 minutes on an H100, untested so far)
+#   bash recipes/gpu_smoke.sh A1 A2           # some stages (one call of the device tool each, if needed)
+#   bash recipes/gpu_smoke.sh --model /models/Qwen2.5-0.5B-Instruct B1
+#   MGRPO_SMOKE_DEVICE=cpu SMOKE_STEPS=1 bash recipes/gpu_smoke.sh A1   # the plumbing on CPU, labelled cpu
+#
+# Stages (relay task of the multi-agent trainer, main + sub agent, same rows per step in every stage):
+#   A1  verl's FSDP actor on CUDA + our HF rollout replica on the GPU, one model (sub shares main's model)
+#   A2  the same with two models on one GPU ($SMOKE_SHARED_PLACEMENT)
+#   B1  verl's FSDP actor + vLLM rollout, one model        B2  the same with two models on one GPU
+# A1/A2 and B1/B2 differ only in the number of models: the report gives their step-time ratio (bar: 2.2).
+#
+# Results: $OUT/gpu_smoke.json and $OUT/gpu_smoke.md (OUT defaults to ./gpu_smoke_out), made by
+# `python -m mgrpo_verl.experiments.gpu_smoke report` from every stage folder of $SMOKE_WORK
+# (./gpu_smoke_out, kept between calls on a warm machine, so stages run in separate calls share a report).
+# Per stage: exit code, log tail and error lines on failure, step-time split (gen / old_log_prob /
+# update_actor / update_weights), tokens/s, peak GPU memory per process (nvidia-smi every 0.5 s) and
+# torch's peaks from the metrics; GPU, driver, versions, date.
+#
+# Settings (environment):
+#   MGRPO_SMOKE_DEVICE     cuda (default; refuses to run without a CUDA device) | cpu (plumbing check)
+#   SMOKE_MODEL            local model dir with its tokenizer (default: built-in tiny / tiny_sub); or --model
+#   SMOKE_STEPS            training steps per stage (default 4; step 1 is the warm-up and not measured)
+#   SMOKE_TIMEOUT_S        per-stage limit (default 170); a stage past it is stopped and reported "timeout"
+#   SMOKE_ATTN             actor attention (default sdpa: flash-attn is usually not installed)
+#   SMOKE_HF_ROLLOUT       rollout name of our HF replica (default hf)
+#   SMOKE_SHARED_PLACEMENT overrides that put two agents on one GPU (default multi_agent.placement=shared)
+#   SMOKE_VLLM_MEM         vLLM gpu_memory_utilization per agent (default 0.2)
+#   SMOKE_VLLM_EAGER       vLLM enforce_eager (default true: no graph capture, faster start)
+#   SMOKE_EXTRA            more Hydra overrides for every stage (space-separated)
+#   PYTHON                 interpreter (default: python, else python3)
+set -uo pipefail  # no -e: a failing stage must not stop the others or the report
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+MODEL="${SMOKE_MODEL:-}"
+STAGES=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) MODEL="$2"; shift 2 ;;
+    --model=*) MODEL="${1#--model=}"; shift ;;
+    A1|A2|B1|B2) STAGES+=("$1"); shift ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    *) echo "gpu_smoke: unknown argument '$1' (stages: A1 A2 B1 B2; --model DIR)" >&2; exit 2 ;;
+  esac
+done
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(A1 A2 B1 B2)
+
+DEVICE="${MGRPO_SMOKE_DEVICE:-cuda}"
+WORK="${SMOKE_WORK:-gpu_smoke_out}"
+mkdir -p "$WORK" && WORK="$(cd "$WORK" && pwd)"
+RESULTS="${OUT:-$WORK}"
+mkdir -p "$RESULTS" && RESULTS="$(cd "$RESULTS" && pwd)"
+STEPS="${SMOKE_STEPS:-4}"
+TIMEOUT_S="${SMOKE_TIMEOUT_S:-170}"
+ATTN="${SMOKE_ATTN:-sdpa}"
+HF_ROLLOUT="${SMOKE_HF_ROLLOUT:-hf}"
+SHARED_PLACEMENT="${SMOKE_SHARED_PLACEMENT:-multi_agent.placement=shared}"
+VLLM_MEM="${SMOKE_VLLM_MEM:-0.2}"
+VLLM_EAGER="${SMOKE_VLLM_EAGER:-true}"
+if [ -z "${PYTHON:-}" ]; then
+  if command -v python >/dev/null 2>&1; then PYTHON=python; else PYTHON=python3; fi
+fi
+if [ -n "$MODEL" ]; then
+  [ -d "$MODEL" ] || { echo "gpu_smoke: SMOKE_MODEL / --model '$MODEL' is not a directory" >&2; exit 2; }
+  MODEL="$(cd "$MODEL" && pwd)"
+fi
+case "$DEVICE" in
+  cuda) DEVMODE=accelerator ;;
+  cpu) DEVMODE=cpu ;;
+  *) echo "gpu_smoke: MGRPO_SMOKE_DEVICE must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;;
+esac
+export MGRPO_VERL_DEVICE="$DEVMODE" PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
+
+# nvidia-smi every 0.5 s: per-process memory (+ each new process's command line) and the GPU's total
+sample_gpu() {
+  local dir="$1" t line pid
+  while :; do
+    t="$(date +%s.%N)"
+    while IFS= read -r line; do
+      [ -n "$line" ] || continue
+      echo "$t,$line" >> "$dir/smi.csv"
+      pid="${line%%,*}"
+      if ! grep -q "^$pid " "$dir/smi_procs.txt" 2>/dev/null; then
+        echo "$pid $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-200)" >> "$dir/smi_procs.txt"
+      fi
+    done < <(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null)
+    echo "$t,$(nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | head -1)" >> "$dir/smi_total.csv"
+    sleep 0.5
+  done
+}
+
+stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
+  local stage="$1" dir="$2"
+  ARGS=(-m mgrpo_verl.main_ppo
+    "mgrpo_verl.device=$DEVMODE"
+    "trainer.total_training_steps=$STEPS" trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1
+    trainer.resume_mode=disable "trainer.default_local_dir=$dir/ckpt" "mgrpo_verl.metrics_file=$dir/metrics.jsonl"
+    "trainer.experiment_name=gpu_smoke_$stage" trainer.n_gpus_per_node=1)
+  if [ "$DEVICE" = cuda ]; then
+    ARGS+=("actor_rollout_ref.model.override_config.attn_implementation=$ATTN")
+  fi
+  if [ -n "$MODEL" ]; then
+    ARGS+=("actor_rollout_ref.model.path=$MODEL" "actor_rollout_ref.model.tokenizer_path=$MODEL"
+      "multi_agent.agents.sub.actor_rollout_ref.model.path=$MODEL"
+      "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=$MODEL")
+  fi
+  case "$stage" in
+    A*) ARGS+=("actor_rollout_ref.rollout.name=$HF_ROLLOUT") ;;
+    B*) ARGS+=(actor_rollout_ref.rollout.name=vllm "actor_rollout_ref.rollout.gpu_memory_utilization=$VLLM_MEM"
+      "actor_rollout_ref.rollout.enforce_eager=$VLLM_EAGER") ;;
+  esac
+  case "$stage" in
+    ?1) ARGS+=(multi_agent.agents.sub.share_model_with=main) ;;
+    # shellcheck disable=SC2206  # word splitting intended: several overrides
+    ?2) ARGS+=($SHARED_PLACEMENT) ;;
+  esac
+  # shellcheck disable=SC2206
+  [ -n "${SMOKE_EXTRA:-}" ] && ARGS+=($SMOKE_EXTRA)
+  return 0
+}
+
+run_stage() {
+  local stage="$1" dir="$WORK/$1" rc start sampler=""
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "$DEVICE" > "$dir/device"
+  echo "=== gpu_smoke $stage ($DEVICE): $(date -u +%H:%M:%S)" >&2
+  "$PYTHON" -m mgrpo_verl.experiments.gpu_smoke check --stage "$stage" --device "$DEVICE" --work "$WORK" > "$dir/log.txt" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "$rc" > "$dir/rc"; echo 0 > "$dir/seconds"
+    echo "(check) $PYTHON -m mgrpo_verl.experiments.gpu_smoke check --stage $stage --device $DEVICE" > "$dir/cmd.txt"
+    cat "$dir/log.txt" >&2
+    return $rc
+  fi
+  stage_args "$stage" "$dir"
+  printf '%q ' "$PYTHON" "${ARGS[@]}" > "$dir/cmd.txt"
+  if [ "$DEVICE" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
+    sample_gpu "$dir" & sampler=$!
+  fi
+  start="$(date +%s.%N)"
+  # SIGINT first: main_ppo shuts Ray (and the GPU processes it started) down on KeyboardInterrupt
+  timeout -s INT --kill-after=30 "$TIMEOUT_S" "$PYTHON" "${ARGS[@]}" > "$dir/log.txt" 2>&1
+  rc=$?
+  echo "$(date +%s.%N) $start" | awk '{printf "%.1f\n", $1 - $2}' > "$dir/seconds"
+  echo "$rc" > "$dir/rc"
+  [ -n "$sampler" ] && { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; }
+  if [ $rc -ne 0 ] && [ -s "$dir/smi_procs.txt" ]; then
+    # GPU processes of this stage that outlived it (e.g. killed at the time limit) would skew the next stage
+    # (only a pid whose command line is still the one recorded: pids may be reused or from another namespace)
+    while read -r pid cmd; do
+      [ -n "$cmd" ] && [ "$(ps -o args= -p "$pid" 2>/dev/null | cut -c1-200)" = "$cmd" ] || continue
+      kill -9 "$pid" 2>/dev/null && echo "gpu_smoke: killed leftover GPU process $pid ($cmd)" >&2
+    done < "$dir/smi_procs.txt"
+  fi
+  if [ $rc -ne 0 ]; then
+    echo "--- $stage failed (exit $rc, $(cat "$dir/seconds") s); last lines of $dir/log.txt:" >&2
+    tail -n 30 "$dir/log.txt" >&2
+  else
+    echo "--- $stage ok ($(cat "$dir/seconds") s)" >&2
+  fi
+  return $rc
+}
+
+failed=0
+for stage in "${STAGES[@]}"; do
+  run_stage "$stage" || failed=1
+done
+
+"$PYTHON" -m mgrpo_verl.experiments.gpu_smoke report --work "$WORK" --out "$RESULTS"
+report_rc=$?
+if [ "$RESULTS" != "$WORK" ]; then  # the raw files of this call's stages come back too (logs cut to 3000 lines)
+  for stage in "${STAGES[@]}"; do
+    mkdir -p "$RESULTS/$stage"
+    for f in metrics.jsonl smi.csv smi_total.csv smi_procs.txt cmd.txt rc seconds device env.json; do
+      [ -f "$WORK/$stage/$f" ] && cp "$WORK/$stage/$f" "$RESULTS/$stage/"
+    done
+    [ -f "$WORK/$stage/log.txt" ] && tail -n 3000 "$WORK/$stage/log.txt" > "$RESULTS/$stage/log_tail.txt"
+  done
+fi
+[ $report_rc -ne 0 ] && exit $report_rc
+exit $failed
