@@ -20,13 +20,17 @@ reference model        P x bytes(``ref.fsdp_config.model_dtype``) / W, when the 
                        (KL loss)
 rollout engine         vLLM / SGLang: ``rollout.gpu_memory_utilization`` x GPU memory (the engine's whole
                        budget: weights + KV cache); any other engine (CPU ``hf``): P x bytes(``rollout.dtype``)
-logits (log-prob)      T x V x bytes(``mixed_precision.param_dtype``, default bf16) x copies, with
-                       T = ``log_prob_micro_batch_size_per_gpu`` x (prompt + response length), or
+logits (old log-prob)  T x V x bytes(``mixed_precision.param_dtype``, default bf16) x copies, with
+                       T = ``rollout.log_prob_micro_batch_size_per_gpu`` x (prompt + response length), or
                        max(``log_prob_max_token_len_per_gpu``, prompt + response) with
-                       ``log_prob_use_dynamic_bsz``; copies = 1 with ``model.use_remove_padding``, 2
-                       without it (verl computes padded logits, then packs a copy of them)
-logits (update)        as above with ``ppo_micro_batch_size_per_gpu`` / ``ppo_max_token_len_per_gpu``,
-                       copies + 1 (their gradient)
+                       ``log_prob_use_dynamic_bsz``. copies: 1 with ``model.use_remove_padding``, 2 without it
+                       (verl computes padded logits, then packs a copy of them); verl's old-log-prob pass
+                       also computes the entropy, whose unchunked form (softmax, its product with the
+                       logits) holds 3 copies at once, unless ``actor.entropy_from_logits_with_chunking``
+logits (reference)     as above with ``ref.log_prob_*`` (no entropy)
+logits (update)        as above with ``actor.ppo_micro_batch_size_per_gpu`` / ``ppo_max_token_len_per_gpu``,
+                       copies (3 with an entropy term: ``entropy_coeff`` != 0 or ``calculate_entropy``) + 1
+                       (their gradient)
 activations (update)   Korthikanti et al. 2022, flash attention: 34 x T x hidden bytes per layer; with
                        ``model.enable_gradient_checkpointing`` 2 x T x hidden per layer plus one layer's 34
 CUDA context           1 GB per agent worker process on the GPU (context, NCCL, allocator slack)
@@ -238,6 +242,11 @@ def agent_figures(
     logit_bytes = _bytes(_get(config, f"{arr}.actor.fsdp_config.mixed_precision.param_dtype"), "bf16")
     rmpad = bool(_get(config, f"{arr}.model.use_remove_padding", False))
     copies = 1 if rmpad else 2
+    chunked = bool(_get(config, f"{arr}.actor.entropy_from_logits_with_chunking",
+                        _get(config, f"{arr}.actor.fsdp_config.entropy_from_logits_with_chunking", False)))
+    lp_copies = copies if chunked else 3
+    up_entropy = bool(_get(config, f"{arr}.actor.calculate_entropy", False)) or float(_get(config, f"{arr}.actor.entropy_coeff", 0.0)) != 0.0
+    up_copies = (copies if chunked or not up_entropy else 3) + 1
     seq = int(_get(config, f"{arr}.rollout.prompt_length", _get(config, "data.max_prompt_length", 0))) + int(
         _get(config, f"{arr}.rollout.response_length", _get(config, "data.max_response_length", 0))
     )
@@ -251,9 +260,10 @@ def agent_figures(
                             "log_prob_max_token_len_per_gpu", seq)
     up_tokens, up_how = _tokens(config, f"{arr}.actor", "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz",
                                 "ppo_max_token_len_per_gpu", seq)
-    padding = f"use_remove_padding={str(rmpad).lower()}: {copies} cop{'y' if copies == 1 else 'ies'}"
+    padding = f"use_remove_padding={str(rmpad).lower()}"
     notes.append(
-        f"log-prob logits {logits(lp_tokens, copies):.2f} GB = {lp_how} x vocab {vocab} x {logit_bytes} B ({padding})"
+        f"log-prob logits {logits(lp_tokens, lp_copies):.2f} GB = {lp_how} x vocab {vocab} x {logit_bytes} B x {lp_copies} "
+        f"copies ({padding}, entropy {'chunked' if chunked else 'unchunked'})"
     )
     checkpointing = bool(_get(config, f"{arr}.model.enable_gradient_checkpointing", False))
     if checkpointing:
@@ -262,8 +272,8 @@ def agent_figures(
         act = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER * layers * up_tokens * hidden / GB
     if trainable:
         notes.append(
-            f"update logits {logits(up_tokens, copies + 1):.2f} GB = {up_how} x vocab {vocab} x {logit_bytes} B "
-            f"({padding}, + gradient); activations {act:.2f} GB (gradient checkpointing "
+            f"update logits {logits(up_tokens, up_copies):.2f} GB = {up_how} x vocab {vocab} x {logit_bytes} B x {up_copies} "
+            f"copies ({padding}, gradient included); activations {act:.2f} GB (gradient checkpointing "
             f"{'on' if checkpointing else 'off'})"
         )
     return AgentFigures(
@@ -276,9 +286,9 @@ def agent_figures(
         optimizer=params * ADAMW_BYTES_PER_PARAM / world / GB if trainable else 0.0,
         reference=ref,
         engine=engine,
-        logprob_logits=logits(lp_tokens, copies) if trainable else 0.0,
+        logprob_logits=logits(lp_tokens, lp_copies) if trainable else 0.0,
         ref_logits=logits(ref_tokens, copies) if use_reference else 0.0,
-        update_logits=logits(up_tokens, copies + 1) if trainable else 0.0,
+        update_logits=logits(up_tokens, up_copies) if trainable else 0.0,
         activations=act if trainable else 0.0,
         param_offload=bool(_get(config, f"{arr}.actor.fsdp_config.param_offload", False)),
         optimizer_offload=bool(_get(config, f"{arr}.actor.fsdp_config.optimizer_offload", False)),
@@ -406,8 +416,8 @@ def _hints(est: MemoryEstimate, parts: list[tuple[str, float]]) -> list[str]:
         where = f"multi_agent.agents.{agent}.actor_rollout_ref" if agent in {a.name for a in est.agents} else "actor_rollout_ref"
         if term.startswith("log-prob logits") or term.startswith("reference logits"):
             hint = (f"smaller actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu / ref.log_prob_micro_batch_size_per_gpu "
-                    f"(or log_prob_use_dynamic_bsz with a smaller log_prob_max_token_len_per_gpu), and "
-                    f"actor_rollout_ref.model.use_remove_padding=true")
+                    f"(or log_prob_use_dynamic_bsz with a smaller log_prob_max_token_len_per_gpu), "
+                    f"actor_rollout_ref.model.use_remove_padding=true, actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
         elif term.startswith("update logits") or term.startswith("activations"):
             hint = (f"smaller actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (or use_dynamic_bsz with a smaller "
                     f"ppo_max_token_len_per_gpu), actor_rollout_ref.model.enable_gradient_checkpointing=true, "
