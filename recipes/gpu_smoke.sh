@@ -171,14 +171,12 @@ done
 
 "$PYTHON" -m mgrpo_verl.experiments.gpu_smoke report --work "$WORK" --out "$RESULTS"
 report_rc=$?
-if [ "$RESULTS" != "$WORK" ]; then  # the raw files of this call's stages come back too (logs cut to 3000 lines)
-  for stage in "${STAGES[@]}"; do
-    mkdir -p "$RESULTS/$stage"
-    for f in metrics.jsonl smi.csv smi_total.csv smi_procs.txt cmd.txt rc seconds device env.json; do
-      [ -f "$WORK/$stage/$f" ] && cp "$WORK/$stage/$f" "$RESULTS/$stage/"
-    done
-    [ -f "$WORK/$stage/log.txt" ] && tail -n 3000 "$WORK/$stage/log.txt" > "$RESULTS/$stage/log_tail.txt"
-  done
+if [ "$RESULTS" != "$WORK" ]; then
+  # the raw files (logs, metrics, nvidia-smi samples) of every stage as one archive: the device tool brings
+  # back at most 8 files from $OUT, so $OUT holds gpu_smoke.json, gpu_smoke.md and this
+  done_stages=()
+  for s in A1 A2 B1 B2; do [ -d "$WORK/$s" ] && done_stages+=("$s"); done
+  [ ${#done_stages[@]} -gt 0 ] && tar czf "$RESULTS/gpu_smoke_raw.tar.gz" -C "$WORK" --exclude=ckpt env.json "${done_stages[@]}"
 fi
 [ $report_rc -ne 0 ] && exit $report_rc
 exit $failed
