@@ -52,6 +52,7 @@ from mgrpo_verl.trainer.agents import (
     AgentLLMServerManager,
     AgentRuntime,
 )
+from mgrpo_verl.trainer.memory import preflight
 from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
 from mgrpo_verl.trainer.rows import (
     RowTable,
@@ -104,6 +105,8 @@ class MultiAgentTrainer(PPOTrainer):
         self._init_dataloader()  # writes the optimiser horizon into the config: agent configs come after
         self._init_dump_executor()
         self.agents = self._agent_runtimes()
+        # main_ppo runs it before Ray starts; again here, before any GPU memory is taken, for other entry points
+        preflight(self.config)
         self._init_resource_pool_mgr()
         self.resource_pool_manager.create_resource_pool()
         self.ref_in_actor = False
@@ -154,13 +157,18 @@ class MultiAgentTrainer(PPOTrainer):
         return Role.ActorRolloutRef if rt.use_reference_policy else Role.ActorRollout
 
     def _init_resource_pool_mgr(self):
+        """``multi_agent.placement``: ``separate``, a pool ``agent_<name>`` per model owner (its share of the GPUs);
+        ``shared``, one pool ``agents_shared`` of all GPUs whose bundles every owner's worker group uses (verl
+        gives each worker ``1 / max_colocate_count`` of its bundle's GPU: at least 3 groups fit, as in verl)."""
+        shared = self.multi_agent.placement == "shared"
         self.role_worker_mapping, self.mapping, spec = {}, {}, {}
         for rt in self.agents.values():
             key = (rt.name, self._role(rt))
             self.role_worker_mapping[key] = ray.remote(AgentActorRolloutRefWorker)
-            self.mapping[key] = f"agent_{rt.name}"
-            spec[f"agent_{rt.name}"] = [rt.config.trainer.n_gpus_per_node]
-        self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping)
+            self.mapping[key] = SHARED_POOL if shared else f"agent_{rt.name}"
+            spec[self.mapping[key]] = [rt.config.trainer.n_gpus_per_node]
+        colocate = max(ResourcePoolManager.max_colocate_count, len(self.agents) if shared else 1)
+        self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=colocate)
 
     def _spawn_workers(self, rt: AgentRuntime) -> None:
         role = self._role(rt)
@@ -177,6 +185,17 @@ class MultiAgentTrainer(PPOTrainer):
         )
         rt.worker_group = group.spawn(prefix_set={str(role)})[str(role)]
         rt.worker_group.init_model()
+        self._report_placement(rt)
+
+    def _report_placement(self, rt: AgentRuntime) -> None:
+        """Print where Ray placed each worker of ``rt`` (asked inside the worker: placement group, GPU ids), one
+        line per worker: ``mgrpo placement: agent <name> rank <r> pool <pool> placement_group <id> bundle <r>
+        gpus <ids>``. Tests read it to check that ``placement: shared`` puts agents on the same GPUs."""
+        pool = self.mapping[(rt.name, self._role(rt))]
+        where = ray.get([w.__ray_call__.remote(_worker_placement) for w in rt.worker_group.workers])
+        for rank, (group, gpus) in enumerate(where):
+            print(f"mgrpo placement: agent {rt.name} rank {rank} pool {pool} placement_group {group} bundle {rank} "
+                  f"gpus {','.join(gpus)}", flush=True)
 
     def _trainable(self) -> list[AgentRuntime]:
         return [rt for rt in self.agents.values() if rt.trainable]
@@ -191,6 +210,12 @@ class MultiAgentTrainer(PPOTrainer):
     def on_init_end(self):
         for rt in self.agents.values():  # frozen models too: their servers start from the model path
             rt.checkpoint.update_weights(self.global_steps)
+        if self.multi_agent.placement == "shared":
+            # a frozen actor is never used again once its engine has the weights: free its GPU memory for the
+            # agents that share the GPU (verl's own offload, as param_offload would do)
+            for rt in self.agents.values():
+                if not rt.trainable:
+                    rt.worker_group.to("cpu", model=True, optimizer=True, grad=True)
 
     def on_sample_end(self):
         for rt in self._trainable():
@@ -379,6 +404,17 @@ class MultiAgentTrainer(PPOTrainer):
         if os.path.exists(state):
             self.train_dataloader.load_state_dict(torch.load(state, weights_only=False))
         logger.info("Resumed from %s at global step %d", folder, self.global_steps)
+
+
+SHARED_POOL = "agents_shared"
+"""Name of the one resource pool of ``multi_agent.placement: shared``."""
+
+
+def _worker_placement(worker) -> tuple[str, list[str]]:
+    """Run inside a worker actor (``__ray_call__``): its placement group id and the GPU ids Ray gave it."""
+    context = ray.get_runtime_context()
+    group = context.get_placement_group_id() or "none"
+    return group, sorted(str(i) for i in context.get_accelerator_ids().get("GPU", []))
 
 
 def _replica_count(config) -> int:
