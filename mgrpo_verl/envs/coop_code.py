@@ -22,14 +22,13 @@ import importlib.util
 import io
 import json
 import re
-import secrets
 import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mgrpo_verl.envs.sandbox import SandboxLimits, run_python
+from mgrpo_verl.envs.sandbox import JudgedRun, SandboxLimits, run_judged
 
 #: The two agents of the task, as named in prompts and in :func:`with_peer`.
 HELPER = "helper"
@@ -245,6 +244,13 @@ def with_peer(messages: list[dict[str, str]], peer_role: str, peer_code: str) ->
 
 _DEF_LINE = re.compile(r"^(?P<indent>[ \t]*)def[ \t]+(?P<name>\w+)[ \t]*\(")
 
+#: At most this many ``def <name>(`` lines of one answer are tried by :func:`extract_function` (the last ones).
+MAX_CANDIDATES = 16
+
+#: What parsing or compiling model output may raise: not Python, or nested too deeply (the parser's and
+#: compiler's recursion limits: ``RecursionError``, ``MemoryError``).
+_PARSE_ERRORS = (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError)
+
 
 def extract_function(text: str, name: str) -> str | None:
     """The source of the function ``name`` defined in model output ``text`` (in a code fence or plain
@@ -252,11 +258,13 @@ def extract_function(text: str, name: str) -> str | None:
 
     Each line ``def <name>(`` starts a candidate; the Python tokenizer finds where its block ends (prose
     or a closing fence after it does not matter), and ``ast`` must parse it as that function. The last
-    candidate that parses wins, as the last definition wins in Python. Decorators are not kept.
+    candidate that parses wins, as the last definition wins in Python; only the last
+    :data:`MAX_CANDIDATES` are tried, so the time is linear in the length of ``text`` (each try reads at
+    most the rest of it). Decorators are not kept. Never raises, whatever the text (deep nesting included).
     """
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if (m := _DEF_LINE.match(line)) and m["name"] == name]
-    for start in reversed(starts):
+    for start in reversed(starts[-MAX_CANDIDATES:]):
         indent = len(_DEF_LINE.match(lines[start])["indent"])
         block = []
         for line in lines[start:]:  # stop at the first line indented less than the def
@@ -266,11 +274,11 @@ def extract_function(text: str, name: str) -> str | None:
         source = "\n".join(block[: _block_length(block)]) + "\n"
         try:
             tree = ast.parse(source)
-        except (SyntaxError, ValueError):
+            for node in tree.body:
+                if isinstance(node, ast.FunctionDef) and node.name == name:
+                    return ast.get_source_segment(source, node)
+        except _PARSE_ERRORS:  # not Python, or nested too deeply for the parser
             continue
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == name:
-                return ast.get_source_segment(source, node)
     return None
 
 
@@ -292,7 +300,7 @@ def _block_length(lines: list[str]) -> int:
                 header_done = True  # end of the "def ...:" line(s); a one-line def ends here unless a block follows
             elif header_done and depth == 0 and token.type not in (tokenize.NL, tokenize.COMMENT):
                 return token.start[0] - 1
-    except (tokenize.TokenError, IndentationError, SyntaxError):
+    except (tokenize.TokenError, *_PARSE_ERRORS):
         pass
     return len(lines)
 
@@ -307,7 +315,7 @@ def _imports(text: str) -> list[str]:
             continue
         try:
             (node,) = ast.parse(statement).body
-        except (SyntaxError, ValueError):
+        except _PARSE_ERRORS:
             continue
         future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
         if isinstance(node, (ast.Import, ast.ImportFrom)) and not future and statement not in found:
@@ -416,37 +424,79 @@ def score_coop(
     details["program"] = program
     try:
         compile(program, "<coop program>", "exec")
-    except (SyntaxError, ValueError) as e:
-        details["syntax_error"] = str(e)
+    except _PARSE_ERRORS as e:
+        details["syntax_error"] = f"{type(e).__name__}: {e}"[:2000]
         return result()
     points["syntax"] = SYNTAX_POINTS
     cooperation = _uses_aux(main_source)
 
-    marker = secrets.token_hex(16)
-    tests = ast.unparse(_CountAsserts().visit(ast.parse(problem.test)))
-    run = run_python(
-        "import sys as _coop_sys\n_coop_out, _coop_sys.stdout = _coop_sys.stdout, _coop_sys.stderr\n\n"
-        f"{program}\n\n"
-        "_coop_counts = [0, 0]\n\n\n"
-        "def _coop_assert(test):\n"
-        "    try:\n"
-        "        ok = bool(test())\n"
-        "    except BaseException:\n"
-        "        ok = False\n"
-        "    _coop_counts[0 if ok else 1] += 1\n\n\n"
-        f"{tests}\n\n\n"
-        f"try:\n    check({problem.entry_point})\nexcept BaseException:\n    _coop_counts[1] += 1\n"
-        f"_coop_out.write('{marker} %d %d\\n' % tuple(_coop_counts))\n_coop_out.flush()\n",
-        limits,
-    )
-    counts = [line.split()[1:] for line in run.stdout.splitlines() if line.startswith(marker + " ")]
-    passed, failed = (int(n) for n in counts[-1]) if run.status == "ok" and counts else (0, 0)
+    run = run_judged(_judge_program(problem), program, problem.entry_point, limits)
+    status = _run_status(run)
+    counts = run.report
+    valid = type(counts) is tuple and len(counts) == 2 and all(type(n) is int and n >= 0 for n in counts)
+    passed, failed = counts if status == "ok" and valid else (0, 0)
+    if status == "ok" and not valid:
+        status = "error"
     fraction = passed / (passed + failed) if passed + failed else 0.0
     points["tests"] = TESTS_POINTS * fraction
     if cooperation and passed:
         points["cooperation"] = COOPERATION_POINTS
-    details.update(asserts_passed=passed, asserts_failed=failed, violation=run.violation, stderr=run.stderr[-2000:])
-    return result(True, run.status == "ok" and passed > 0 and failed == 0, cooperation, run.status, fraction)
+    details.update(
+        asserts_passed=passed, asserts_failed=failed, calls=run.calls, protocol_error=run.protocol_error,
+        violation=run.candidate.violation or run.judge.violation, stderr=run.candidate.stderr[-2000:],
+        judge_stderr=run.judge.stderr[-2000:],
+    )
+    return result(True, status == "ok" and passed > 0 and failed == 0, cooperation, status, fraction)
+
+
+#: The judge: the prompt's context, HumanEval's test code with every assertion counted, ``check`` on a
+#: proxy that calls the candidate's entry point in its own sandbox (:func:`run_judged`), the counts reported.
+_JUDGE = """{context}
+
+
+_coop_counts = [0, 0]
+
+
+def _coop_assert(test):
+    try:
+        ok = bool(test())
+    except BaseException:
+        ok = False
+    _coop_counts[0 if ok else 1] += 1
+
+
+def _coop_candidate(*args, **kwargs):
+    return __sandbox_call__(args, kwargs)
+
+
+{entry_point} = _coop_candidate  # some tests call the entry point by name (HumanEval/33)
+
+
+{tests}
+
+
+try:
+    check(_coop_candidate)
+except BaseException:
+    _coop_counts[1] += 1
+__sandbox_report__(tuple(_coop_counts))
+"""
+
+
+def _judge_program(problem: CodeProblem) -> str:
+    """The judge's program for ``problem`` (trusted code only: no part of the answers)."""
+    tests = ast.unparse(_CountAsserts().visit(ast.parse(problem.test)))
+    return _JUDGE.format(context=_prompt_context(problem), entry_point=problem.entry_point, tests=tests)
+
+
+def _run_status(run: JudgedRun) -> str:
+    """One status for a judged run: the candidate's when it did not end "ok" or broke the call protocol
+    ("error"), else the judge's."""
+    if run.candidate.status != "ok":
+        return run.candidate.status
+    if run.protocol_error:
+        return "error"
+    return run.judge.status
 
 
 def _defines(text: str, name: str) -> bool:
