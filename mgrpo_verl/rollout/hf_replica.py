@@ -14,6 +14,7 @@ on that worker's GPU, as verl's vLLM replica does.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -71,8 +72,8 @@ class HFReplica(RolloutReplica):
 
     def _requested_device(self) -> Any:
         kwargs = getattr(self.config, "engine_kwargs", None)
-        hf = kwargs.get(ENGINE_KWARGS_KEY) if isinstance(kwargs, dict) else getattr(kwargs, ENGINE_KWARGS_KEY, None)
-        return (hf or {}).get("device")
+        hf = kwargs.get(ENGINE_KWARGS_KEY) if isinstance(kwargs, Mapping) else None
+        return hf.get("device") if isinstance(hf, Mapping) else None
 
     async def launch_servers(self) -> None:
         """Start the server actor on the node (and device) of the replica's first worker and load the model."""

@@ -96,3 +96,22 @@ def test_sampler_state_lives_on_the_given_device():
 def test_sampler_on_cpu_by_default():
     sampler = BatchSampler([_params()], [[1]], 16, [None], torch.Generator())
     assert sampler.device == torch.device("cpu") and sampler.seen.device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("engine_kwargs", "expected"),
+    [({}, None), ({"vllm": {}}, None), ({"hf": None}, None), ({"hf": {"device": "cpu"}}, "cpu"), (None, None)],
+)
+def test_replica_reads_the_requested_device(engine_kwargs, expected):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from mgrpo_verl.rollout.hf_replica import HFReplica
+
+    replica = object.__new__(HFReplica)  # only the config is read
+    replica.config = SimpleNamespace(engine_kwargs=engine_kwargs)
+    assert replica._requested_device() == expected
+    if engine_kwargs:  # verl may hand over an OmegaConf mapping
+        replica.config = SimpleNamespace(engine_kwargs=OmegaConf.create(engine_kwargs))
+        assert replica._requested_device() == expected
