@@ -136,7 +136,8 @@ def cuda_index(gpu_id: str | None, visible: str | None) -> int:
         raise RuntimeError("CUDA_VISIBLE_DEVICES is empty in the HF rollout server: it cannot see its worker's GPU")
     if gpu_id not in ids:
         raise RuntimeError(
-            f"the actor worker's GPU {gpu_id!r} is not visible to the HF rollout server (CUDA_VISIBLE_DEVICES={visible!r})"
+            f"the actor worker's GPU {gpu_id!r} is not visible to the HF rollout server "
+            f"(CUDA_VISIBLE_DEVICES={visible!r})"
         )
     return ids.index(gpu_id)
 
@@ -185,7 +186,9 @@ class HFRolloutServer:
         self.server_name = server_name or f"hf_server_{replica_rank}_{node_rank}"
         self.global_steps = None
         if device not in ("cpu", "cuda"):
-            raise ValueError(f"{self.server_name}: device must be 'cpu' or 'cuda' (resolved by HFReplica), got {device!r}")
+            raise ValueError(
+                f"{self.server_name}: device must be 'cpu' or 'cuda' (resolved by HFReplica), got {device!r}"
+            )
         self.device = device
         self.cuda_visible_devices = cuda_visible_devices
 
