@@ -12,22 +12,33 @@ worker derive that rank from the worker group (ranks start at 0 in every group).
 own "replica 0" and their servers' names would clash. Each agent's replicas therefore get a rank offset
 (the number of replicas of the agents before it): :class:`AgentLLMServerManager` passes verl's own
 ``start_rank`` and slices the agent's worker group with the local rank, and
-:class:`AgentActorRolloutRefWorker` shifts the adapter's rank by the same offset, so server and adapter
-agree on ``<backend>_server_<offset + r>_0``.
+:class:`AgentActorRolloutRefWorker` rebuilds the adapter with verl's ``replica_rank`` argument set to
+``offset + r`` (:func:`offset_rollout_adapter`), so server and adapter agree on everything verl derives
+from that rank: ``<backend>_server_<offset + r>_0`` and, for vLLM, the weight-sync socket
+``/tmp/rl-colocate-zmq-<job>-replica-<offset + r>-rank-<local rank>.sock`` that the vLLM worker opens from
+``VERL_REPLICA_RANK``.
+
+Also here: :func:`with_agent_vllm_tokenizer` (each agent's vLLM server loads the agent's own tokenizer) and
+:func:`side_replica_offsets` (decoupled sides on one host number their replicas apart).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
+from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.rollout.replica import RolloutMode, get_rollout_replica_class
+
+if TYPE_CHECKING:
+    from mgrpo_verl.trainer.multi_agent_config import MultiAgentConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,17 +46,46 @@ logger = logging.getLogger(__name__)
 REPLICA_OFFSET_KEY = "mgrpo_replica_rank_offset"
 
 
+def replica_offset(rollout_config: Any) -> int:
+    """The agent's replica rank offset, from ``rollout.custom`` (0 when absent: a single agent)."""
+    custom = rollout_config.get("custom") or {}
+    return int(custom.get(REPLICA_OFFSET_KEY, 0))
+
+
+def offset_rollout_adapter(rollout: BaseRollout, offset: int) -> BaseRollout:
+    """verl's rollout adapter ``rollout``, built again by its own class for replica ``rollout.replica_rank +
+    offset``; ``rollout`` itself when ``offset`` is 0.
+
+    verl builds the adapter with the rank local to the agent's worker group (``RANK // replica size``) and
+    derives from it, inside the constructor, every name that must match the agent's replica: the server
+    actor's name and, for vLLM, the weight-sync socket path. The constructor's ``replica_rank`` argument
+    (vLLM, SGLang, our HF adapter) sets the rank before any of that is derived, so passing it here keeps
+    all of them consistent without knowing which attributes depend on it. ``RuntimeError`` when the class
+    ignores the argument (TRT-LLM's hybrid adapter takes the rank from its device mesh).
+    """
+    if not offset:
+        return rollout
+    wanted = rollout.replica_rank + offset
+    rebuilt = type(rollout)(
+        config=rollout.config, model_config=rollout.model_config, device_mesh=rollout.device_mesh, replica_rank=wanted
+    )
+    if rebuilt.replica_rank != wanted:
+        raise RuntimeError(
+            f"{type(rollout).__qualname__} ignored replica_rank={wanted} (it has {rebuilt.replica_rank}): this rollout "
+            f"backend cannot serve an agent whose replicas are offset (multi-agent mode needs vllm, sglang or hf)"
+        )
+    return rebuilt
+
+
 class AgentActorRolloutRefWorker(ActorRolloutRefWorker):
-    """verl's hybrid worker whose rollout adapter addresses the agent's offset replica rank."""
+    """verl's hybrid worker whose rollout adapter addresses the agent's offset replica rank
+    (:func:`offset_rollout_adapter`)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         super().init_model()
-        custom = self.config.rollout.get("custom") or {}
-        offset = int(custom.get(REPLICA_OFFSET_KEY, 0))
-        rollout = getattr(self, "rollout", None)
-        if offset and rollout is not None and hasattr(rollout, "replica_rank"):
-            rollout.replica_rank += offset
+        if getattr(self, "rollout", None) is not None:
+            self.rollout = offset_rollout_adapter(self.rollout, replica_offset(self.config.rollout))
 
 
 def _offset_replica_class(base: type, offset: int) -> type:
@@ -61,11 +101,59 @@ def _offset_replica_class(base: type, offset: int) -> type:
     return type(f"{base.__name__}Offset{offset}", (base,), {"init_hybrid": init_hybrid})
 
 
+def with_agent_vllm_tokenizer(config: DictConfig) -> DictConfig:
+    """``config`` (one agent's full config) whose vLLM server loads the agent's own tokenizer.
+
+    verl starts ``vllm serve <model dir>`` with ``engine_kwargs.vllm`` as extra arguments and no
+    ``--tokenizer``, so vLLM reads the tokenizer from the model folder; our built-in models keep theirs
+    in a folder of its own (``model.tokenizer_path``). The YAML's ``engine_kwargs.vllm.tokenizer:
+    ${actor_rollout_ref.model.tokenizer_path}`` is resolved once for the whole config (the main agent's
+    value), before the agents' overrides are merged; here it becomes the agent's ``tokenizer_path`` when
+    that differs from ``model.path`` and is dropped otherwise (vLLM then uses the model folder, as verl's
+    actor does). Other rollout engines: ``config`` unchanged. A copy is returned when anything changes.
+    """
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "vllm":
+        return config
+    model = config.actor_rollout_ref.model
+    tokenizer = model.get("tokenizer_path")
+    wanted = None if tokenizer is None or str(tokenizer) == str(model.path) else str(tokenizer)
+    current = OmegaConf.select(rollout, "engine_kwargs.vllm.tokenizer", default=None)
+    if current == wanted:
+        return config
+    if current is not None:
+        logger.info("vLLM tokenizer of this agent: %s (model.tokenizer_path) instead of %s", wanted, current)
+    config = OmegaConf.create(OmegaConf.to_container(config, resolve=False))
+    OmegaConf.update(config, "actor_rollout_ref.rollout.engine_kwargs.vllm.tokenizer", wanted, merge=False)
+    return config
+
+
+def side_replica_offsets(ma: "MultiAgentConfig", local_replicas: Mapping[str, int]) -> dict[str, int]:
+    """Replica rank offsets of the model owners, counting an owner that is not built here
+    (``local_replicas`` lacks it: decoupled mode, another side's) as ``n_gpus_per_node`` replicas, the most
+    it can have.
+
+    Differs from counting it as 0 in decoupled mode only: the two sides are separate Ray clusters, both with
+    job id ``01000000``, and vLLM's weight-sync socket path is ``/tmp/rl-colocate-zmq-<job id>-replica-<rank>
+    -rank-<local rank>.sock``; with both sides on one host, two replicas 0 would share a socket. Both sides
+    read the same ``multi_agent.agents``, so their ranges are disjoint.
+    """
+    counts = {s.name: local_replicas[s.name] if s.name in local_replicas else s.n_gpus_per_node for s in ma.model_owners}
+    return ma.replica_offsets(counts)
+
+
 class AgentLLMServerManager(LLMServerManager):
-    """verl's server manager for one agent's replicas, numbered from ``start_rank``."""
+    """verl's server manager for one agent's replicas, numbered from ``start_rank``, its vLLM servers loading
+    the agent's tokenizer (:func:`with_agent_vllm_tokenizer`)."""
 
     def __init__(self, config: DictConfig, worker_group=None, rollout_resource_pool=None, start_rank: int = 0, **kwargs):
+        config = with_agent_vllm_tokenizer(config)
         rollout = config.actor_rollout_ref.rollout
+        if start_rank and rollout.name == "trtllm":
+            raise ValueError(
+                "actor_rollout_ref.rollout.name is 'trtllm': its replicas slice the worker group by their own rank "
+                "(init_hybrid_colocated), so an agent whose replicas are offset cannot use it; use vllm or sglang"
+            )
         base = get_rollout_replica_class(rollout.name, disaggregation_enabled=rollout.disaggregation.enabled)
         # verl's documented hook: a subclass sets rollout_replica_class before __init__ ("for recipe to change")
         self.rollout_replica_class = _offset_replica_class(base, start_rank)
