@@ -101,12 +101,36 @@ def summary_line(s: dict[str, Any]) -> str:
     return line + f"; metrics {s['metrics_file']}"
 
 
+#: rollout engines served by a package of their own, and the extra that installs it (README "Install on GPUs")
+ENGINE_PACKAGES = {"vllm": ("vllm", "vllm"), "sglang": ("sglang", "sglang")}
+
+
+def check_rollout_engines(config: DictConfig) -> None:
+    """Before Ray starts: every rollout engine the run names, at the top level and in each agent's overrides
+    (``multi_agent.agents.<name>.actor_rollout_ref.rollout.name``), is installed. verl finds a missing
+    engine only when a Ray worker imports it, minutes later and in a worker's log."""
+    import importlib.util
+
+    keys = ["actor_rollout_ref.rollout.name"]
+    if multi_agent_enabled(config):
+        agents = OmegaConf.select(config, "multi_agent.agents", default=None) or {}
+        keys += [f"multi_agent.agents.{name}.actor_rollout_ref.rollout.name" for name in agents]
+    for key in keys:
+        name = OmegaConf.select(config, key, default=None)
+        if name in ENGINE_PACKAGES:
+            module, extra = ENGINE_PACKAGES[name]
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(f"{key}={name}, but the {module} package is not installed here: "
+                                 f"pip install -e \".[{extra}]\" (README \"Install on GPUs\")")
+
+
 def run(config: DictConfig) -> dict[str, Any]:
     """Resolve, validate and run one training job; returns the summary."""
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    check_rollout_engines(config)
     OmegaConf.resolve(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if not config.trainer.use_v1:

@@ -7,7 +7,8 @@ resolves the config once before Ray starts (so Ray workers never need them).
 | resolver | value |
 |---|---|
 | ``mgrpo_device:<mode>`` | ``cpu`` when mode is ``cpu``, or ``auto`` and the CPU platform is active; else verl's device (``cuda``) |
-| ``mgrpo_if_cpu:<mode>,<a>,<b>`` | ``a`` on CPU, ``b`` otherwise (rollout ``hf`` / ``vllm``, attention ``sdpa`` / ``flash_attention_2``, Ray's logical CPUs and GPUs / ``null`` = detect) |
+| ``mgrpo_if_cpu:<mode>,<a>,<b>`` | ``a`` on CPU, ``b`` otherwise (rollout ``hf`` / ``vllm``, remove-padding ``false`` / ``true``, Ray's logical CPUs and GPUs / ``null`` = detect) |
+| ``mgrpo_attn:<mode>`` | Hugging Face attention: ``sdpa`` on CPU; on accelerators ``flash_attention_2`` when ``flash_attn`` imports, else ``sdpa`` (logged once) |
 | ``mgrpo_task_file:<task>,<split>`` | path of a built-in task's parquet file (written once into the cache) |
 | ``mgrpo_model:<name>`` | directory of a built-in model (built once into the cache) |
 | ``mgrpo_tokenizer:<name>,<model path>`` | the built-in model's tokenizer directory when ``model path`` is that model, else ``null`` (verl then uses the model's own) |
@@ -15,12 +16,16 @@ resolves the config once before Ray starts (so Ray workers never need them).
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 from typing import Optional
 
 from omegaconf import OmegaConf
 
 DEVICE_MODES = ("auto", "cpu", "accelerator")
+
+logger = logging.getLogger(__name__)
 
 
 def uses_cpu(mode: str) -> bool:
@@ -40,6 +45,26 @@ def _device(mode: str) -> str:
     from verl.utils.device import get_device_name
 
     return get_device_name()
+
+
+@functools.lru_cache(maxsize=None)
+def flash_attn_importable() -> bool:
+    """Whether ``import flash_attn`` works here (once per process). A real import, not a spec lookup:
+    a flash-attn built for another torch or CUDA fails only when its extension loads."""
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError as error:
+        logger.warning("mgrpo_verl: flash-attn is not importable (%s): attention falls back to sdpa", error)
+        return False
+    return True
+
+
+def _attention(mode: str) -> str:
+    """verl defaults to ``flash_attention_2``, which needs the optional flash-attn package (PyPI has source
+    distributions only, so GPU images often lack it); ``sdpa`` is torch's own and works everywhere."""
+    if uses_cpu(mode):
+        return "sdpa"
+    return "flash_attention_2" if flash_attn_importable() else "sdpa"
 
 
 def _task_file(task: str, split: str) -> str:
@@ -73,6 +98,7 @@ def _config_file(relative: str) -> str:
 RESOLVERS = {
     "mgrpo_device": _device,
     "mgrpo_if_cpu": lambda mode, on_cpu, otherwise: on_cpu if uses_cpu(mode) else otherwise,
+    "mgrpo_attn": _attention,
     "mgrpo_task_file": _task_file,
     "mgrpo_model": _model,
     "mgrpo_tokenizer": _tokenizer,

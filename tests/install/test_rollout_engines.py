@@ -1,0 +1,71 @@
+"""A rollout engine that is not installed (vllm, sglang) is refused before Ray starts, in every shipped
+config and in per-agent overrides, naming the key and the install command."""
+
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+import pytest
+import ray
+from hydra import compose, initialize_config_module
+
+from mgrpo_verl.main_ppo import check_rollout_engines, run
+
+
+def _compose(name: str, *overrides: str):
+    with initialize_config_module("mgrpo_verl.config", version_base=None):
+        return compose(name, overrides=list(overrides))
+
+
+def _installed(monkeypatch, module: str) -> None:
+    fake = types.ModuleType(module)
+    fake.__spec__ = importlib.machinery.ModuleSpec(module, None)
+    monkeypatch.setitem(sys.modules, module, fake)
+
+
+@pytest.fixture(autouse=True)
+def _engines_absent():
+    """This machine has neither engine (the CPU set-up installs none); a stand-in adds one where needed."""
+    assert importlib.util.find_spec("vllm") is None and importlib.util.find_spec("sglang") is None
+
+
+@pytest.mark.parametrize("name, override, key", [
+    ("single_agent", "actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name"),
+    ("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name"),
+    ("magrpo_trainer", "actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.name"),
+    ("mgrpo_trainer", "+multi_agent.agents.sub.actor_rollout_ref.rollout.name=sglang",
+     "multi_agent.agents.sub.actor_rollout_ref.rollout.name"),
+    ("magrpo_trainer", "+multi_agent.agents.main.actor_rollout_ref.rollout.name=vllm",
+     "multi_agent.agents.main.actor_rollout_ref.rollout.name"),
+])
+def test_missing_engine_is_refused_before_ray_with_key_and_install_command(name, override, key):
+    engine = override.rsplit("=", 1)[1]
+    with pytest.raises(ValueError) as error:
+        run(_compose(name, override))
+    assert str(error.value) == (f"{key}={engine}, but the {engine} package is not installed here: "
+                                f"pip install -e \".[{engine}]\" (README \"Install on GPUs\")")
+    assert not ray.is_initialized()
+
+
+def test_agent_override_is_checked_even_when_the_top_level_engine_is_installed(monkeypatch):
+    _installed(monkeypatch, "vllm")
+    cfg = _compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm",
+                   "+multi_agent.agents.sub.actor_rollout_ref.rollout.name=sglang")
+    with pytest.raises(ValueError, match=r"^multi_agent\.agents\.sub\.actor_rollout_ref\.rollout\.name=sglang"):
+        check_rollout_engines(cfg)
+    _installed(monkeypatch, "sglang")
+    check_rollout_engines(cfg)
+
+
+@pytest.mark.parametrize("name", ["single_agent", "mgrpo_trainer", "magrpo_trainer"])
+def test_cpu_engine_and_installed_engines_pass(name, monkeypatch):
+    check_rollout_engines(_compose(name, "actor_rollout_ref.rollout.name=hf"))
+    _installed(monkeypatch, "vllm")
+    check_rollout_engines(_compose(name, "actor_rollout_ref.rollout.name=vllm"))
+
+
+def test_agent_overrides_are_not_checked_when_multi_agent_is_off():
+    """With multi_agent.enable=false one model trains and the agents section is unused."""
+    check_rollout_engines(_compose("mgrpo_trainer", "multi_agent.enable=false",
+                                   "+multi_agent.agents.sub.actor_rollout_ref.rollout.name=sglang"))
