@@ -77,3 +77,31 @@ def test_two_agents_train_on_one_gpu(main_ppo, tmp_path):
 
     # the pre-flight estimate ran (tiny models: far below 80 GB)
     assert re.search(r"mgrpo memory estimate: peak [\d.]+ GB of 80 GB per GPU \(the shared GPUs", run.log), run.log[-3000:]
+
+
+def test_frozen_sub_agent_on_one_gpu(main_ppo, tmp_path):
+    """A frozen sub-agent on the shared GPU: its engine keeps the initial weights and keeps answering, its actor is
+    moved off the GPU after the first sync (verl's offload, called by the trainer), the main model trains."""
+    scorer = tmp_path / "dense_scorer.py"
+    scorer.write_text(DENSE_SCORER)
+    run = main_ppo(
+        "one_gpu_frozen",
+        "trainer.n_gpus_per_node=1",
+        "multi_agent.placement=shared",
+        "multi_agent.agents.sub.trainable=false",
+        "trainer.total_training_steps=1",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
+        f"multi_agent.delegation.scorer={scorer}:score",
+        config="mgrpo_trainer",
+    )
+    assert run.returncode == 0, run.log[-6000:]
+    m = run.at(1)
+    assert m["agent/main/update_rows"] > 0 and not any(k.startswith("agent/sub/actor/") for k in m)
+    assert m["agent/sub/rows"] > 0  # the frozen model still answers the main agent
+    assert [s for s, _ in _synced(run.log, 1)] == [0]
+    assert [s for s, _ in _synced(run.log, 0)] == [0, 1]
+    pools = {agent: pool for agent, _, pool, *_ in PLACEMENT.findall(run.log)}
+    assert pools == {"main": "agents_shared", "sub": "agents_shared"}
+    assert "mgrpo memory estimate skipped: no GPU visible and multi_agent.gpu_memory_gb is null" in run.log
