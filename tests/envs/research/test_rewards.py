@@ -289,3 +289,28 @@ def test_judge_scorer_from_env(server, monkeypatch):
     monkeypatch.setattr(R.time, "sleep", lambda seconds: None)
     with pytest.raises(R.JudgeError):
         R.judge_scorer("main", "Answer: Weber", gt)
+
+
+# ----------------------------------------------------------------------------------------------------
+# adversarial replies: linear time (the lazy <think>.*?</think> pattern rescanned the rest of the text
+# from every unclosed tag: 16,000 tags took 8.5 s, 50,000 took 89 s)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("n", [16_000, 50_000])
+def test_many_unclosed_tags_are_stripped_in_linear_time(n):
+    from mgrpo_verl.envs.research.rewards import extract_answer, strip_reasoning
+
+    assert strip_reasoning("<think>" * n + "Answer: Paris") == "Answer: Paris"  # stray tags dropped, text kept
+    assert extract_answer("<think>" * n + "Answer: Paris") == "Paris"
+    assert extract_answer("<answer>" * n + "Paris") == "Paris"  # no closed block: the last line
+    assert extract_answer("x</think>" * n + "Answer: Rome") == "Rome"  # after the last stray closing tag
+    assert extract_answer("<think>a</think>" * n + "<answer>Oslo</answer>") == "Oslo"
+
+
+def test_blocks_open_at_the_first_tag_and_close_at_the_next_closing_one():
+    from mgrpo_verl.envs.research.rewards import strip_reasoning
+
+    # as re's <think>.*?</think>: an inner <think> is text of the block; a stray </think> cuts what precedes
+    assert strip_reasoning("a<think>b<think>c</think>d</think>e") == "e"
+    assert strip_reasoning("a<think>b</think>c<THINK>d") == "acd"
