@@ -319,6 +319,14 @@ def test_a_backend_that_ignores_replica_rank_is_refused():
     assert agents.offset_rollout_adapter(same, 0) is same
 
 
+def test_trtllm_agent_with_offset_replicas_is_refused():
+    """TRT-LLM's replicas take their worker slice in ``init_hybrid_colocated`` from their own rank, which our
+    offset replica class does not override: refused with the key named, rather than a wrong slice."""
+    config = _agent_configs("actor_rollout_ref.rollout.name=trtllm")["sub"]
+    with pytest.raises(ValueError, match="actor_rollout_ref.rollout.name is 'trtllm'"):
+        AgentLLMServerManager(config=config, worker_group=FakeWorkerGroup([0]), start_rank=1)
+
+
 # --------------------------------------------------------------------------------------------------- fix 5
 
 
