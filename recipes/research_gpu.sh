@@ -9,6 +9,12 @@
 #   RESEARCH_TOOLS=web bash recipes/research_gpu.sh              # + web_search (SearXNG on localhost:8888)
 #   bash recipes/research_gpu.sh multi_agent.agents.sub.trainable=false          # frozen sub-agent baseline
 #   bash recipes/research_gpu.sh data.train_files=data/my_train.parquet          # your own training data
+# Memory: research=gpu's micro-batches fit 80 GB GPUs; the pre-flight estimate (mgrpo_verl/trainer/memory.py)
+# refuses, before Ray starts, a layout that cannot fit (e.g. larger models or micro-batches), naming what to
+# change. Both agents on all 8 GPUs instead of 4 + 4 (one resource pool, engines at 0.3 each):
+#   bash recipes/research_gpu.sh multi_agent.placement=shared multi_agent.agents.main.n_gpus_per_node=8 \
+#     multi_agent.agents.sub.n_gpus_per_node=8 actor_rollout_ref.rollout.gpu_memory_utilization=0.3 \
+#     +multi_agent.agents.sub.actor_rollout_ref.rollout.gpu_memory_utilization=0.3
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MAIN_MODEL="${MAIN_MODEL:-Qwen/Qwen3-4B}"

@@ -248,6 +248,19 @@ def test_research_gpu_shared_on_8_gpus_is_refused_for_its_engines(tmp_path):
                                 "multi_agent.agents.sub.n_gpus_per_node=null"))
 
 
+def test_research_gpu_shared_on_8_gpus_as_the_recipe_says(tmp_path):
+    # recipes/research_gpu.sh's shared example: every agent on all 8 GPUs, engines at 0.3 each
+    cfg = _research_gpu(tmp_path, "multi_agent.placement=shared", "multi_agent.agents.main.n_gpus_per_node=8",
+                        "multi_agent.agents.sub.n_gpus_per_node=8", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+                        "+multi_agent.agents.sub.actor_rollout_ref.rollout.gpu_memory_utilization=0.3")
+    est = preflight(cfg)
+    assert est is not None and est.fits and [a.gpus for a in est.agents] == [8, 8]
+    rollout = [p for p in est.phases if p.name == "rollout"][0]
+    # both engines (2 x 24 GB) + both actors and AdamW states sharded over 8 GPUs + 2 contexts
+    p_main, p_sub = count_parameters(QWEN3_4B), count_parameters(QWEN3_1_7B)
+    assert rollout.total == pytest.approx(48 + (p_main + p_sub) * 12 / 8 / 1e9 + 2)
+
+
 def test_one_gpu_preset_fits_80gb(tmp_path):
     model = _model_dir(tmp_path, "qwen2.5-0.5b", QWEN25_05B)
     paths = (f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.model.tokenizer_path={model}",
