@@ -41,10 +41,12 @@ Row metadata, ``extra_fields`` of every row:
   The main row has two generations: min of the mins, max of the maxes, speculative-decoding counters
   summed, any other key from the last generation;
 * ``"reward_extra_info"``: :func:`query_stats`: ``{"acc": main score, "calls": d, "failed_calls",
-  "main_tokens", "sub_tokens" (response tokens generated), "answer", "source", "level", "id"}``.
+  "main_tokens", "sub_tokens" (response tokens generated), "reward/errors", "answer", "source", "level", "id"}``.
 
 Errors: a sub-agent generation that raises or exceeds ``timeout_s`` becomes ``"<error: ...>"`` in the
-observation, yields no sub row and is counted in ``failed_calls``; configuration errors (bad
+observation, yields no sub row and is counted in ``failed_calls``; a score that raises or is not a finite
+number is 0, logged and counted in ``reward_extra_info["reward/errors"]`` (:func:`safe_score`: model output
+never fails the step); configuration errors (bad
 ``multi_agent.delegation`` values, an unknown sub-agent name) raise.
 
 ``AgentLoopWorkerTQ`` (verl's v1 trainer) accepts a list of outputs; verl's legacy ``AgentLoopWorker``
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,6 +247,25 @@ QUERY_TAGS = ("source", "level", "id")
 ANSWER_CHARS = 500
 
 
+#: ``reward_extra_info`` key counting the scores of a rollout that could not be computed (scored 0).
+REWARD_ERRORS = "reward/errors"
+
+
+def safe_score(scorer: Any, role: str, text: str, ground_truth: Any) -> tuple[float, int]:
+    """``(scorer(role, text, ground_truth), 0)``, or ``(0.0, 1)`` when the scorer raises or returns
+    something that is not a finite number: a score depends on model output, and no output may fail the
+    step (verl would lose the whole batch). The failure is logged; callers count it in
+    :data:`REWARD_ERRORS`."""
+    try:
+        score = float(scorer(role, text, ground_truth))
+        if not math.isfinite(score):
+            raise ValueError(f"the score is {score!r}")
+        return score, 0
+    except Exception as exc:
+        logger.warning("the %s score could not be computed, scored 0: %s: %.500s", role, type(exc).__name__, exc)
+        return 0.0, 1
+
+
 def query_stats(row: dict[str, Any], answer: str, **stats: float) -> dict[str, Any]:
     """A main trajectory's ``reward_extra_info``: ``stats`` (numbers: ``acc``, ``calls``, tokens, ...), the
     main agent's final ``answer`` text (its first :data:`ANSWER_CHARS` characters) and the row's
@@ -427,8 +449,12 @@ class RelayDelegationLoop(AgentLoopBase):
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
         answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
 
-        score = float(self.settings.scorer("main", answer_text, digit))
+        score, errors = safe_score(self.settings.scorer, "main", answer_text, digit)
         answered = [call for call in calls if not isinstance(call, str)]
+        sub_scores = [
+            safe_score(self.settings.scorer, "sub", text, digit) if not isinstance(call, str) else (0.0, 0)
+            for call, text in zip(calls, texts, strict=True)
+        ]
         reward_extra_info = query_stats(
             kwargs,
             answer_text,
@@ -437,16 +463,17 @@ class RelayDelegationLoop(AgentLoopBase):
             failed_calls=d - len(answered),
             main_tokens=sum(len(g.token_ids) for g in turns.generations),
             sub_tokens=sum(len(call.token_ids) for call in answered),
+            **{REWARD_ERRORS: errors + sum(e for _, e in sub_scores)},
         )
         rows = [
             _sub_row(
                 sub_prompt,
                 call,
-                _mgrpo(sub.name, f"{prefix}/{sub.name}/{j}", f"{prefix}/main", float(self.settings.scorer("sub", text, digit)), 1),
+                _mgrpo(sub.name, f"{prefix}/{sub.name}/{j}", f"{prefix}/main", sub_score, 1),
                 reward_extra_info,
                 score,
             )
-            for j, (call, text) in enumerate(zip(calls, texts, strict=True))
+            for j, (call, (sub_score, _)) in enumerate(zip(calls, sub_scores, strict=True))
             if not isinstance(call, str)
         ]
         main = _mgrpo(self.settings.main, f"{prefix}/main", "", score, d)
@@ -492,7 +519,7 @@ class RelayDelegationLoop(AgentLoopBase):
         texts = [r if isinstance(r, str) else r.text for r in replies]
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
         answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
-        score = float(self.settings.scorer("main", answer_text, digit))
+        score, errors = safe_score(self.settings.scorer, "main", answer_text, digit)
         used = [r.traj_id for r in replies if isinstance(r, SubCallReply)]
         main = _mgrpo(self.settings.main, f"{prefix}/main", "", score, d)
         main.update(
@@ -509,6 +536,7 @@ class RelayDelegationLoop(AgentLoopBase):
             failed_calls=d - len(used),
             main_tokens=sum(len(g.token_ids) for g in turns.generations),
             sub_tokens=sum(r.response_tokens for r in replies if isinstance(r, SubCallReply)),
+            **{REWARD_ERRORS: errors},
         )
         return [turns.row({"mgrpo": main, "reward_extra_info": stats}, score)]
 
@@ -633,6 +661,6 @@ class RelaySubCallLoop(AgentLoopBase):
         max_tokens = min(self.settings.sub_response_tokens, int(self.rollout_config.response_length))
         gen = await _generate(self.server_manager, uuid4().hex, prompt_ids, sampling_params, max_tokens)
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True).strip()
-        score = float(self.settings.scorer("sub", text, str(ground_truth)))
+        score, errors = safe_score(self.settings.scorer, "sub", text, str(ground_truth))
         meta = _mgrpo(str(call["agent"]), str(call["traj_id"]), str(call["parent_traj_id"]), score, 1)
-        return [_sub_row(prompt_ids, gen, meta, {"acc": score, "calls": 1}, score)]
+        return [_sub_row(prompt_ids, gen, meta, {"acc": score, "calls": 1, REWARD_ERRORS: errors}, score)]

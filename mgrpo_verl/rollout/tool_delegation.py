@@ -59,8 +59,9 @@ Rows: the contract of :mod:`mgrpo_verl.rollout.delegation` (read by the M-GRPO t
   (``relay.load_scorer``) and ``kwargs["reward_model"]["ground_truth"]``; ``reward_score`` is the main
   score on every row, ``extra_fields["reward_extra_info"]`` too: ``{"acc": main score, "calls": calls,
   "failed_calls", "main_tokens", "sub_tokens" (response tokens generated), "tool/<name>": calls of each tool
-  of the main agent and the sub-agents that ran (delegation excluded), "answer" (final text), "source",
-  "level", "id"}``
+  of the main agent and the sub-agents that ran (delegation excluded), "tool/parse_errors" (tool calls of
+  the main agent that could not be parsed), "reward/errors" (scores that raised or were not finite: scored
+  0, :func:`mgrpo_verl.rollout.delegation.safe_score`), "answer" (final text), "source", "level", "id"}``
   (:func:`mgrpo_verl.rollout.delegation.query_stats`);
 * staleness tags: each row's generations' ``TokenOutput.extra_fields`` merged (min of
   ``min_global_steps``, max of ``max_global_steps``, speculative-decoding counters summed, other keys from
@@ -188,7 +189,11 @@ class StrictHermesToolParser(HermesToolParser):
         text = await get_event_loop().run_in_executor(None, self.tokenizer.decode, responses_ids)
         if "<tool_call>" not in text:
             return text, []
-        return _CALL_BLOCK.sub("", text), [_parse_call(body, closed) for body, closed in _CALL_BLOCK.findall(text)]
+        calls = [_parse_call(body, closed) for body, closed in _CALL_BLOCK.findall(text)]
+        state = _ROLLOUT.get()
+        if state is not None:
+            state.parse_errors += sum(call.error is not None for call in calls)
+        return _CALL_BLOCK.sub("", text), calls
 
 
 def _malformed(reason: str) -> _ToolCall:
@@ -196,16 +201,23 @@ def _malformed(reason: str) -> _ToolCall:
 
 
 def _parse_call(body: str, closed: str) -> _ToolCall:
+    """One call's text as a :class:`_ToolCall`; never raises on model output (JSON nested too deeply for
+    the decoder or the encoder, huge numbers: a malformed call, like verl's parser, which catches all)."""
     if not closed:
         return _malformed("<tool_call> is not closed by </tool_call>")
     try:
         call = json.loads(body)
     except json.JSONDecodeError as exc:
         return _malformed(f"invalid JSON ({exc})")
+    except (RecursionError, MemoryError, ValueError) as exc:  # e.g. nested 1,000 deep; an int of 5,000 digits
+        return _malformed(f"JSON the decoder cannot read ({type(exc).__name__})")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
         return _malformed('expected {"name": <tool name>, "arguments": {...}}')
     arguments = call.get("arguments", {})
-    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    try:
+        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    except (RecursionError, MemoryError, ValueError) as exc:
+        return _malformed(f"arguments the encoder cannot write ({type(exc).__name__})")
     return _ToolCall(name=call["name"], arguments=arguments)
 
 
@@ -371,6 +383,8 @@ class _Rollout:
     observation_truncated: bool = False
     #: tool name -> calls run, of the main agent's own tools and of the sub-agents' tools (delegation excluded)
     tool_uses: Counter = field(default_factory=Counter)
+    #: tool calls of the main agent that could not be parsed (``tool/parse_errors``)
+    parse_errors: int = 0
 
     def fail(self, text: str) -> tuple[ToolResponse, float, dict]:
         """An error observation, counted in ``failed_calls``."""
@@ -691,7 +705,11 @@ class ToolDelegationLoop(ToolAgentLoop):
     ) -> list[AgentLoopOutput]:
         scorer = self.settings.base.scorer
         answer = state.main.final_text(self.tokenizer)
-        score = float(scorer("main", answer, ground_truth))
+        score, errors = delegation.safe_score(scorer, "main", answer, ground_truth)
+        sub_scores = {
+            call.order: delegation.safe_score(scorer, "sub", call.report, ground_truth)
+            for call in state.calls if call.output is not None
+        }
         started = len(state.calls)
         reward_extra_info = delegation.query_stats(
             row,
@@ -702,13 +720,15 @@ class ToolDelegationLoop(ToolAgentLoop):
             main_tokens=sum(len(g.token_ids) for g in state.main.generations),
             sub_tokens=sum(len(g.token_ids) for call in state.calls for g in call.generations),
             **{f"tool/{name}": count for name, count in sorted(state.tool_uses.items())},
+            **{"tool/parse_errors": state.parse_errors,
+               delegation.REWARD_ERRORS: errors + sum(e for _, e in sub_scores.values())},
         )
         main_id = f"{prefix}/main"
         rows = []
         for call in state.calls:  # in call order
             if call.output is None:  # failed or timed out: no row
                 continue
-            sub_score = float(scorer("sub", call.report, ground_truth))
+            sub_score = sub_scores[call.order][0]
             meta = _mgrpo(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
             rows.append(_output_row(call.output, call.generations, meta, dict(reward_extra_info), score))
         meta = _mgrpo(self.settings.base.main, main_id, "", score, started)

@@ -409,7 +409,43 @@ def test_bad_calls_become_error_observations(tokenizer, first_turn, error):
     assert sub.calls == [] and len(rows) == 1 and len(main.calls) == 2  # the main agent saw it and went on
     assert error in observed(tokenizer, rows[0])
     assert (meta(rows[0])["calls"], meta(rows[0])["failed_calls"]) == (0, 1)
+    malformed = error.startswith("<error: malformed")
+    assert rows[0].extra_fields["reward_extra_info"]["tool/parse_errors"] == int(malformed)
     check_contract(rows, 0.125)
+
+
+@pytest.mark.parametrize("depth", [1000, 100_000])
+def test_the_parser_never_raises_on_deep_json(tokenizer, depth):
+    # json.loads raised RecursionError out of the parser on JSON nested 1,000 deep
+    deep = "[" * depth + "]" * depth
+    assert tool_delegation._parse_call(deep, "</tool_call>").error == (
+        "<error: malformed tool call: JSON the decoder cannot read (RecursionError)>"
+    )
+    nested = '{"name": "f", "arguments": {"a": ' + deep + "}}"
+    assert tool_delegation._parse_call(nested, "</tool_call>").error.startswith("<error: malformed tool call: JSON")
+    assert tool_delegation._parse_call('{"name": "f", "arguments": ' + "9" * 5000 + "}", "x").error.startswith(
+        "<error: malformed tool call: JSON the decoder cannot read (ValueError)"  # over int_max_str_digits
+    )
+    parser = tool_delegation.StrictHermesToolParser(tokenizer)
+    text = f"<tool_call>{deep}</tool_call>" + ask("A")
+    _, calls = asyncio.run(parser.extract_tool_calls(tokenizer.encode(text, add_special_tokens=False)))
+    assert [(c.name, c.error is None) for c in calls] == [("", False), ("ask_sub", True)]
+
+
+def test_a_scorer_that_raises_scores_zero_and_is_counted(tokenizer, tmp_path):
+    module = tmp_path / "raising.py"
+    module.write_text(
+        "def score(role, text, ground_truth):\n"
+        "    if role == 'sub':\n        raise RecursionError('deep')\n"
+        "    return float('nan') if text == '4' else 1.0\n"
+    )
+    sub = FakeAgent(tokenizer, respond=secret_sub(), config=sub_config())
+    main = FakeManager(tokenizer, [ask("go") + END, "4" + END], {"sub": sub})
+    rows = run(main, tokenizer, main_config(scorer=f"{module}:score"))
+    assert [meta(r)["score"] for r in rows] == [0.0, 0.0]  # the sub's raised, the main's was NaN
+    info = rows[-1].extra_fields["reward_extra_info"]
+    assert (info["reward/errors"], info["tool/parse_errors"], info["acc"]) == (2, 0, 0.0)
+    check_contract(rows, 0.0)
 
 
 def test_failed_and_timed_out_sub_calls_yield_no_row(tokenizer):
