@@ -24,7 +24,8 @@
 #   MGRPO_SMOKE_DEVICE     cuda (default; refuses to run without a CUDA device) | cpu (plumbing check)
 #   SMOKE_MODEL            local model dir with its tokenizer (default: built-in tiny / tiny_sub); or --model
 #   SMOKE_STEPS            training steps per stage (default 4; step 1 is the warm-up and not measured)
-#   SMOKE_TIMEOUT_S        per-stage limit (default 170); a stage past it is stopped and reported "timeout"
+#   SMOKE_TIMEOUT_S        per-stage limit in seconds (default 170 for A, 240 for B: A1 A2 or B1 B2 fit one
+#                          10-minute call); a stage past it is stopped and reported "timeout"
 #   SMOKE_ATTN             actor attention (default sdpa: flash-attn is usually not installed)
 #   SMOKE_HF_ROLLOUT       rollout name of our HF replica (default hf)
 #   SMOKE_SHARED_PLACEMENT overrides that put two agents on one GPU (default multi_agent.placement=shared)
@@ -54,7 +55,6 @@ mkdir -p "$WORK" && WORK="$(cd "$WORK" && pwd)"
 RESULTS="${OUT:-$WORK}"
 mkdir -p "$RESULTS" && RESULTS="$(cd "$RESULTS" && pwd)"
 STEPS="${SMOKE_STEPS:-4}"
-TIMEOUT_S="${SMOKE_TIMEOUT_S:-170}"
 ATTN="${SMOKE_ATTN:-sdpa}"
 HF_ROLLOUT="${SMOKE_HF_ROLLOUT:-hf}"
 SHARED_PLACEMENT="${SMOKE_SHARED_PLACEMENT:-multi_agent.placement=shared}"
@@ -123,7 +123,7 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
 }
 
 run_stage() {
-  local stage="$1" dir="$WORK/$1" rc start sampler=""
+  local stage="$1" dir="$WORK/$1" rc start limit sampler=""
   rm -rf "$dir" && mkdir -p "$dir"
   echo "$DEVICE" > "$dir/device"
   echo "=== gpu_smoke $stage ($DEVICE): $(date -u +%H:%M:%S)" >&2
@@ -140,9 +140,10 @@ run_stage() {
   if [ "$DEVICE" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
     sample_gpu "$dir" & sampler=$!
   fi
+  case "$stage" in A*) limit="${SMOKE_TIMEOUT_S:-170}" ;; *) limit="${SMOKE_TIMEOUT_S:-240}" ;; esac
   start="$(date +%s.%N)"
   # SIGINT first: main_ppo shuts Ray (and the GPU processes it started) down on KeyboardInterrupt
-  timeout -s INT --kill-after=30 "$TIMEOUT_S" "$PYTHON" "${ARGS[@]}" > "$dir/log.txt" 2>&1
+  timeout -s INT --kill-after=30 "$limit" "$PYTHON" "${ARGS[@]}" > "$dir/log.txt" 2>&1
   rc=$?
   echo "$(date +%s.%N) $start" | awk '{printf "%.1f\n", $1 - $2}' > "$dir/seconds"
   echo "$rc" > "$dir/rc"

@@ -53,12 +53,12 @@ MULTI = [
          "timing_s/agent/main/old_log_prob": 1.0, "timing_s/agent/sub/old_log_prob": 2.0,
          "timing_s/agent/main/update_actor": 3.0, "timing_s/agent/sub/update_actor": 4.0,
          "timing_s/agent/main/update_weights": 0.5, "timing_s/agent/sub/update_weights": 0.25,
-         "agent/main/perf/max_memory_allocated_gb": 2.0, "agent/sub/perf/max_memory_allocated_gb": 1.0}),
+         "agent/main/actor/perf/max_memory_allocated_gb": 2.0, "agent/sub/actor/perf/max_memory_allocated_gb": 1.0}),
     (2, {"timing_s/step": 9.0, "timing_s/gen": 4.0,
          "timing_s/agent/main/old_log_prob": 0.5, "timing_s/agent/sub/old_log_prob": 0.25,
          "timing_s/agent/main/update_actor": 1.0, "timing_s/agent/sub/update_actor": 2.0,
          "timing_s/agent/main/update_weights": 0.125, "timing_s/agent/sub/update_weights": 0.125,
-         "perf/throughput": 50.0, "agent/main/perf/max_memory_allocated_gb": 2.5}),
+         "perf/throughput": 50.0, "agent/main/actor/perf/max_memory_allocated_gb": 2.5}),
     (2, {"val-core/x/acc/mean@1": 0.5}),  # a validation-only record: not a step
 ]
 
@@ -96,7 +96,7 @@ def test_read_metrics_skips_broken_lines(tmp_path):
 def test_allocated_peaks():
     records = [{"step": s, "data": d} for s, d in MULTI]
     assert gs.allocated_peaks(records) == {
-        "agent/main/perf/max_memory_allocated_gb": 2.5, "agent/sub/perf/max_memory_allocated_gb": 1.0,
+        "agent/main/actor/perf/max_memory_allocated_gb": 2.5, "agent/sub/actor/perf/max_memory_allocated_gb": 1.0,
     }
 
 
