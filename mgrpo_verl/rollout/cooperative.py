@@ -21,12 +21,14 @@ feedback), response = its completion at the node, all tokens its own (mask 1). `
   roots' parent), the fields of ALGORITHMS.md that ``magrpo_row_advantage`` reads;
 * ``"mgrpo"``: ``{"agent", "traj_id", "parent_traj_id": "", "score": joint reward, ...}``: every row is a
   root of the M-GRPO hierarchy, so the per-agent trainer gives each model its own agent's rows;
-* ``"reward_extra_info"``: the task's reward components of the node, plus ``acc``: the mean joint reward of
-  the tree's last-turn nodes (what validation reports: for coding, the expected pass rate of one joint
-  sample).
+* ``"reward_extra_info"``: the task's reward components of the node, ``reward/errors`` (1.0 when the
+  node's reward failed, see below), plus ``acc``: the mean joint reward of the tree's last-turn nodes (what
+  validation reports: for coding, the expected pass rate of one joint sample).
 
 Errors: a generation that fails or times out is the empty completion (scored as such, counted in
-``failed_generations``); configuration errors (unknown task, agent, bad settings) raise before generating.
+``failed_generations``); a reward that raises, is not finite or exceeds :data:`REWARD_TIMEOUT_S` is 0,
+logged and counted in ``reward/errors`` (model output never ends the loop); configuration errors (unknown
+task, agent, bad settings) raise before generating.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import uuid4
@@ -49,6 +52,13 @@ from mgrpo_verl.trainer.multi_agent_config import parse_cooperation
 logger = logging.getLogger(__name__)
 
 AGENT_LOOP_NAME = "magrpo_coop"
+
+#: ``reward_extra_info`` key: 1.0 on the rows of a joint action whose reward failed (raised, was not
+#: finite, or took longer than :data:`REWARD_TIMEOUT_S`) and was scored 0; its mean is the failure rate.
+REWARD_ERRORS = "reward/errors"
+
+#: Seconds one joint reward may take (the coding reward's sandbox stops its programs well before).
+REWARD_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,7 @@ class CooperativeLoop(AgentLoopBase):
         out = []
         for node, name, prompt_ids, gen, outcome in rows:
             parent_id = node.node_id.rsplit(".", 1)[0] if "." in node.node_id else ""
-            info = {k: float(outcome.info.get(k, 0.0)) for k in task.info_keys}
+            info = {k: float(outcome.info.get(k, 0.0)) for k in (*task.info_keys, REWARD_ERRORS)}
             out.append(
                 AgentLoopOutput(
                     prompt_ids=prompt_ids,
@@ -208,12 +218,25 @@ class CooperativeLoop(AgentLoopBase):
                 name: agents[name].tokenizer.decode(by_agent[name][g].token_ids, skip_special_tokens=True)
                 for name, g in zip(names, combo)
             }
-            outcome = await asyncio.to_thread(task.reward, item, texts)  # may run code in a sandbox: off the loop
+            outcome = await self._reward(task, item, texts)
             turn = Turn(texts, outcome.feedback)
             child = _Node(node_id, node.turn + 1, {name: node.history[name] + [turn] for name in names})
             per_agent = {name: (prompts[name], by_agent[name][g]) for name, g in zip(names, combo)}
             children.append((child, per_agent, outcome))
         return children, n_failed
+
+    async def _reward(self, task: CoopTask, item: Any, texts: dict[str, str]) -> CoopReward:
+        """The task's reward of one joint action, off the event loop (it may run code in a sandbox). One
+        that raises, returns a non-finite reward or takes more than :data:`REWARD_TIMEOUT_S` is 0 with
+        ``info[REWARD_ERRORS] = 1`` (logged): model output must never end the agent loop."""
+        try:
+            outcome = await asyncio.wait_for(asyncio.to_thread(task.reward, item, texts), timeout=REWARD_TIMEOUT_S)
+            if not math.isfinite(float(outcome.reward)):
+                raise ValueError(f"the reward is {outcome.reward!r}")
+            return outcome
+        except Exception as exc:
+            logger.warning("the joint reward could not be computed, scored 0: %s: %.500s", type(exc).__name__, exc)
+            return CoopReward(0.0, {REWARD_ERRORS: 1.0}, f"the reward could not be computed ({type(exc).__name__})")
 
     async def _complete(self, agent: _SubAgent, prompt_ids: list[int], sampling_params) -> _Generation | None:
         try:

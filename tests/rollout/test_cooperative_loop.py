@@ -37,6 +37,10 @@ class ToyTask:
         return [{"role": "user", "content": content}]
 
     def reward(self, item, outputs):
+        if outputs["a"].strip() == "boom":  # a reward that raises on this output (as score_coop did on deep code)
+            raise RecursionError("maximum recursion depth exceeded")
+        if outputs["a"].strip() == "nan":
+            return CoopReward(float("nan"), {"ones": 0.0})
         ones = sum(outputs[a].strip() == "1" for a in self.agents)
         return CoopReward(ones / 2, {"ones": float(ones)}, f"r={ones / 2}")
 
@@ -105,8 +109,8 @@ def test_single_turn_aligned(tokenizer, toy):
     assert tokenizer.decode(rows[2].response_ids) == "0" and rows[2].response_mask == [1]
     assert rows[0].extra_fields["mgrpo"]["traj_id"] == "u/0/0/a" and rows[0].extra_fields["mgrpo"]["parent_traj_id"] == ""
     # acc: mean joint reward of the leaves (0.75); the task's reward parts on every row
-    assert rows[0].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 2.0}
-    assert rows[3].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 1.0}
+    assert rows[0].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 2.0, "reward/errors": 0.0}
+    assert rows[3].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 1.0, "reward/errors": 0.0}
 
 
 def test_cross_mode_takes_every_combination(tokenizer, toy):
@@ -147,3 +151,22 @@ def test_rows_give_magrpo_advantages(tokenizer, toy):
 def test_settings_are_validated(tokenizer, toy):
     with pytest.raises(Exception, match="num_generations must be set"):
         run(tokenizer, OmegaConf.create({**OmegaConf.to_container(config()), "multi_agent": {"magrpo": {}}}), {})
+
+
+def test_a_reward_that_fails_scores_zero_and_is_counted(tokenizer, toy):
+    # node 0 raises, node 1 returns NaN, node 2 scores 1.0: the loop goes on, both failures score 0
+    rows, _ = run(tokenizer, config(G=3), {"a": ["boom", "nan", "1"], "b": ["1", "1", "1"]})
+    by_node = {r.extra_fields["magrpo"]["node_id"]: r for r in rows if r.extra_fields["mgrpo"]["agent"] == "b"}
+    assert {n: r.extra_fields["mgrpo"]["score"] for n, r in by_node.items()} == {"0": 0.0, "1": 0.0, "2": 1.0}
+    assert {n: r.extra_fields["reward_extra_info"]["reward/errors"] for n, r in by_node.items()} == {"0": 1.0, "1": 1.0, "2": 0.0}
+    assert rows[0].extra_fields["reward_extra_info"]["acc"] == pytest.approx(1 / 3)
+    assert all(set(r.extra_fields["reward_extra_info"]) == {"acc", "ones", "reward/errors"} for r in rows)
+
+
+def test_the_coding_task_scores_deeply_nested_code_instead_of_raising(tokenizer):
+    # the real task: ast.parse raised RecursionError on this helper and ended the agent loop
+    task = coop_tasks.CodeTask()
+    deep = "def aux(a, b):\n    return " + "-" * 5000 + "1"
+    main_text = "def has_close_elements(numbers, threshold):\n    return aux(numbers, threshold)\n"
+    outcome = task.reward("HumanEval/0", {"helper": deep, "main": main_text})
+    assert outcome.reward == 0.25 and outcome.info["syntax"] == 0.0
