@@ -22,7 +22,14 @@ def ensure_registered() -> None:
 
 def register_multi_agent() -> None:
     """Our agent loops and the ``mgrpo`` trainer, registered when verl defines their registries, so a
-    process that never imports verl's agent-loop or trainer modules pays nothing."""
+    process that never imports verl's agent-loop or trainer modules pays nothing.
+
+    A registration that fails makes the import of the verl module fail with its error (see
+    :mod:`mgrpo_verl.platform._import_hooks`), never a later "unknown trainer". verl's own mechanisms were
+    considered: ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (one YAML file of
+    ``{name, _target_}``, read in each ``AgentLoopWorker``) covers the agent loops but is a single user
+    setting we would take over; ``VERL_USE_EXTERNAL_MODULES`` would import our trainer and loops (and
+    verl's trainer stack) eagerly in every process that imports verl; neither registers the trainer lazily."""
     from importlib import import_module
 
     from mgrpo_verl.platform._import_hooks import when_imported

@@ -1,8 +1,13 @@
 """Run a callback right after a module finishes importing (a minimal post-import hook).
 
-Used to register verl's FSDP engine classes for device ``cpu`` as soon as verl defines them, without
-importing verl's engine stack (~1 s, torch FSDP, transformers) in every process that merely imports
-``verl`` (TaskRunner, TransferQueue, reward workers, ...).
+Used to register things with verl as soon as verl defines their registries, without importing verl's
+heavy modules in every process that merely imports ``verl``: the CPU FSDP engines
+(:mod:`mgrpo_verl.platform.engines`), our agent loops and the ``mgrpo`` trainer (:mod:`mgrpo_verl.plugin`).
+
+A failing callback fails the import of the watched module with the callback's own exception (logged at
+ERROR too: verl imports some of these modules inside Ray workers). The module then stays refused: every
+later import of it raises :class:`ImportError` chained to that original exception, so a half-registered
+process can never go on to a misleading error later (an "unknown trainer", an unregistered agent loop).
 """
 
 from __future__ import annotations
@@ -19,11 +24,20 @@ logger = logging.getLogger(__name__)
 
 _Callback = Callable[[ModuleType], None]
 _pending: dict[str, list[_Callback]] = {}
+#: watched module -> (callback, the exception it raised): the module is refused from then on
+_failed: dict[str, tuple[_Callback, BaseException]] = {}
 _lock = threading.RLock()
 
 
+class PostImportHookError(ImportError):
+    """A watched module is refused because one of its post-import callbacks failed earlier."""
+
+
 def when_imported(module_name: str, callback: _Callback) -> None:
-    """Call ``callback(module)`` once ``module_name`` is imported (now, if it already is)."""
+    """Call ``callback(module)`` once ``module_name`` is imported (now, if it already is).
+
+    An exception of ``callback`` propagates: out of this call when the module is already imported, else
+    out of the ``import`` statement that loads the module (see the module docstring)."""
     with _lock:
         module = sys.modules.get(module_name)
         if module is not None and not _is_initializing(module):
@@ -42,11 +56,23 @@ def _is_initializing(module: ModuleType) -> bool:
     return bool(getattr(spec, "_initializing", False))
 
 
+def _refusal(fullname: str) -> PostImportHookError:
+    callback, error = _failed[fullname]
+    return PostImportHookError(
+        f"{fullname} is refused: its post-import hook {callback!r} failed when it was first imported "
+        f"({type(error).__name__}: {error})",
+        name=fullname,
+    )
+
+
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     """Finds nothing itself: asks the other finders and wraps the loader of a watched module."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         with _lock:
+            if fullname in _failed:
+                callback, error = _failed[fullname]
+                raise _refusal(fullname) from error
             if fullname not in _pending:
                 return None
         for finder in sys.meta_path:
@@ -77,8 +103,15 @@ class _CallbackLoader(importlib.abc.Loader):
         for callback in callbacks:
             try:
                 callback(module)
-            except Exception:  # never break the import of the watched module itself
-                logger.exception("post-import hook %r for %s failed", callback, self._fullname)
+            except Exception as error:
+                # importlib drops the half-registered module from sys.modules; _failed keeps it refused
+                with _lock:
+                    _failed[self._fullname] = (callback, error)
+                logger.error("post-import hook %r for %s failed; the import fails with its error",
+                             callback, self._fullname, exc_info=True)
+                error.add_note(f"(raised by the post-import hook {callback!r} of {self._fullname}, "
+                               f"mgrpo_verl.platform._import_hooks)")
+                raise
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
         return getattr(self._loader, name)
