@@ -26,13 +26,15 @@
 #   SMOKE_STEPS            training steps per stage (default 4; step 1 is the warm-up and not measured)
 #   SMOKE_TIMEOUT_S        per-stage limit in seconds (default 170 for A, 240 for B: A1 A2 or B1 B2 fit one
 #                          10-minute call); a stage past it is stopped and reported "timeout"
-#   SMOKE_ATTN             actor attention (default sdpa: flash-attn is usually not installed)
+#   SMOKE_ATTN             actor attention (default sdpa: flash-attn is usually not installed; empty: the config's)
 #   SMOKE_HF_ROLLOUT       rollout name of our HF replica (default hf)
 #   SMOKE_SHARED_PLACEMENT overrides that put two agents on one GPU (default multi_agent.placement=shared)
 #   SMOKE_VLLM_MEM         vLLM gpu_memory_utilization per agent (default 0.2)
 #   SMOKE_VLLM_EAGER       vLLM enforce_eager (default true: no graph capture, faster start)
 #   SMOKE_EXTRA            more Hydra overrides for every stage (space-separated)
-#   PYTHON                 interpreter (default: python, else python3)
+#   PYTHON                 interpreter (default: .venv-gpu/bin/python, made by recipes/gpu_install.sh, when it
+#                          exists; else python, else python3). The working tree's mgrpo_verl is put first on
+#                          PYTHONPATH, so the driver and every Ray worker run this checkout's code.
 set -uo pipefail  # no -e: a failing stage must not stop the others or the report
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -55,14 +57,17 @@ mkdir -p "$WORK" && WORK="$(cd "$WORK" && pwd)"
 RESULTS="${OUT:-$WORK}"
 mkdir -p "$RESULTS" && RESULTS="$(cd "$RESULTS" && pwd)"
 STEPS="${SMOKE_STEPS:-4}"
-ATTN="${SMOKE_ATTN:-sdpa}"
+ATTN="${SMOKE_ATTN-sdpa}"
 HF_ROLLOUT="${SMOKE_HF_ROLLOUT:-hf}"
 SHARED_PLACEMENT="${SMOKE_SHARED_PLACEMENT:-multi_agent.placement=shared}"
 VLLM_MEM="${SMOKE_VLLM_MEM:-0.2}"
 VLLM_EAGER="${SMOKE_VLLM_EAGER:-true}"
 if [ -z "${PYTHON:-}" ]; then
-  if command -v python >/dev/null 2>&1; then PYTHON=python; else PYTHON=python3; fi
+  if [ -x .venv-gpu/bin/python ]; then PYTHON=.venv-gpu/bin/python
+  elif command -v python >/dev/null 2>&1; then PYTHON=python
+  else PYTHON=python3; fi
 fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "$MODEL" ]; then
   [ -d "$MODEL" ] || { echo "gpu_smoke: SMOKE_MODEL / --model '$MODEL' is not a directory" >&2; exit 2; }
   MODEL="$(cd "$MODEL" && pwd)"
@@ -99,7 +104,7 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
     "trainer.total_training_steps=$STEPS" trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1
     trainer.resume_mode=disable "trainer.default_local_dir=$dir/ckpt" "mgrpo_verl.metrics_file=$dir/metrics.jsonl"
     "trainer.experiment_name=gpu_smoke_$stage" trainer.n_gpus_per_node=1)
-  if [ "$DEVICE" = cuda ]; then
+  if [ "$DEVICE" = cuda ] && [ -n "$ATTN" ]; then
     ARGS+=("actor_rollout_ref.model.override_config.attn_implementation=$ATTN")
   fi
   if [ -n "$MODEL" ]; then

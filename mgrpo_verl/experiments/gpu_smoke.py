@@ -49,12 +49,13 @@ PHASES: tuple[str, ...] = ("gen", "old_log_prob", "update_actor", "update_weight
 #: Packages each stage imports; ``vllm`` only for the B stages.
 REQUIRED = {"A": ("torch", "ray", "verl", "transformers"), "B": ("torch", "ray", "verl", "transformers", "vllm")}
 INSTALL_HINT = (
-    "install the GPU environment offline first: bash recipes/gpu_install.sh "
-    "(wheelhouse built by recipes/gpu_wheelhouse.sh; see docs/results/gpu.md)"
+    "install the GPU environment offline first: bash recipes/gpu_install.sh --wheelhouse DIR (makes .venv-gpu, "
+    "which the kit then uses; DIR built by recipes/gpu_wheelhouse.sh; see docs/results/gpu.md)"
 )
 PLUGIN_HINT = (
     "mgrpo_verl is not installed as verl's plugin (entry point group verl.plugins), so Ray workers would not "
-    "register our rollout, platform and trainer: pip install --no-index --no-deps --no-build-isolation -e ."
+    "register our rollout, platform and trainer: bash recipes/gpu_install.sh --wheelhouse DIR installs it, or "
+    "pip install --no-index --no-deps --no-build-isolation -e ."
 )
 EXIT_PRECHECK = 3
 EXIT_REFUSED = 2
