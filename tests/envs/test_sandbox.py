@@ -418,3 +418,162 @@ def test_the_parent_keeps_its_own_limits():
     before = [resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC")]
     run("print(1)")
     assert before == [resource.getrlimit(getattr(resource, n)) for n in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC")]
+
+
+# ----------------------------------------------------------------------------------------------------
+# calls without audit events: device files, FIFOs, stat, a second posix module
+
+
+@pytest.mark.parametrize(
+    "attack, event",
+    [
+        ("os.mkfifo('{t}')", "sandbox.os.mkfifo"),
+        ("os.mknod('{t}')", "sandbox.os.mknod"),
+        ("import stat\nos.mknod('{t}', 0o600 | stat.S_IFCHR, os.makedev(1, 3))", "sandbox.os.mknod"),
+        ("os.mkfifo('inside')", "sandbox.os.mkfifo"),  # in the sandbox too: nothing needs one
+        ("import posix\nposix.mkfifo('{t}')", "sandbox.os.mkfifo"),
+        # the function objects in os.supports_* were the originals
+        ("[f for f in os.supports_dir_fd if f.__name__ == 'mkfifo'][0]('{t}')", "sandbox.os.mkfifo"),
+        ("import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('posix', None)).mkfifo('{t}')",
+         "_imp.create_builtin"),
+        ("import sys, importlib\ndel sys.modules['posix']\nimportlib.import_module('posix').mkfifo('{t}')",
+         "_imp.create_builtin"),
+    ],
+)
+def test_device_files_and_fifos_are_violations(open_dir, attack, event):
+    target = open_dir / "fifo"
+    result = run(f"import os\n{attack.format(t=target)}\nprint('escaped')")
+    assert_violation(result, event)
+    assert not target.exists() and "escaped" not in result.stdout
+
+
+def test_twenty_thousand_fifos_are_not_made(open_dir):
+    # the reported attack: 20,000 FIFOs in /tmp in 0.4 s, left behind; now the first one ends the run
+    result = run(f"import os\nfor i in range(20000):\n    os.mkfifo('{open_dir}/f%d' % i)")
+    assert_violation(result, "sandbox.os.mkfifo")
+    assert list(open_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "attack",
+    ["os.stat('/etc/passwd')", "os.lstat('/root')", "os.path.exists('{p}')", "os.path.isfile('/etc/shadow')",
+     "os.stat('{p}', dir_fd=os.open('.', os.O_RDONLY))", "os.stat(b'/etc')", "import pathlib\npathlib.Path('/etc').stat()",
+     "import posix\nposix.stat('/etc')", "sys.audit('sandbox.stat', '/etc', None, True, [])"],
+)
+def test_stat_outside_the_sandbox_is_refused(precious, attack):
+    result = run(f"import os, sys\nprint({attack.format(p=precious)!r})\n{attack.format(p=precious)}\nprint('escaped')")
+    assert_violation(result, "os.stat")
+    assert "escaped" not in result.stdout
+
+
+def test_stat_inside_the_sandbox_and_of_the_standard_library_works():
+    result = run(
+        """
+        import os, json
+        open("a.txt", "w").write("hello")
+        print(os.stat("a.txt").st_size, os.path.exists("a.txt"), os.path.exists("missing"), os.path.isdir("."))
+        print(os.stat("/dev/null").st_mode > 0, os.lstat(os.getcwd()).st_mode > 0, os.stat(0).st_mode >= 0)
+        os.path.exists(json.__file__)  # the standard library is an allowed root (readable or not for this uid)
+        """
+    )
+    assert result.status == "ok", result
+    assert result.stdout == "5 True False True\nTrue True True\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another uid need root")
+def test_what_a_fresh_uid_left_in_shared_directories_is_removed(open_dir):
+    uid = sandbox.SANDBOX_ID_BASE + 12345
+    left = [open_dir / "x.txt", open_dir / "fifo", open_dir / "d"]
+    left[0].write_text("x")
+    os.mkfifo(left[1])
+    (left[2] / "inner").mkdir(parents=True)
+    mine = open_dir / "mine.txt"
+    mine.write_text("keep")
+    for path in left:
+        os.chown(path, uid, uid)
+    assert sandbox.remove_owned(uid, (str(open_dir),)) == 3
+    assert [p.name for p in open_dir.iterdir()] == ["mine.txt"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# run_judged: trusted tests against an untrusted function, plain data only
+
+
+JUDGE = """
+results = []
+for args in ([1, 2], [2.5, 0.5], ["a", "b"]):
+    try:
+        results.append(__sandbox_call__(tuple(args), {}))
+    except CandidateError as e:
+        results.append("error: " + str(e)[:40])
+__sandbox_report__(tuple(results))
+"""
+
+
+#: The candidate finds its reply channel through the bootstrap's frame (anything in its process is reachable).
+CHANNEL_FD = """import os, sys
+def channel_fd():
+    f = sys._getframe()
+    while 'config' not in f.f_locals:
+        f = f.f_back
+    return f.f_locals['config']['channel']['out_fd']"""
+
+
+def test_run_judged_passes_plain_values_both_ways():
+    run_ = sandbox.run_judged(JUDGE, "def f(a, b):\n    return a + b\n", "f", FAST)
+    assert (run_.judge.status, run_.candidate.status, run_.calls, run_.protocol_error) == ("ok", "ok", 3, None)
+    assert run_.report == (3, 3.0, "ab")
+    assert [type(v) for v in run_.report] == [int, float, str]
+
+
+@pytest.mark.parametrize(
+    "body, first",
+    [
+        ("class I(int):\n        pass\n    return I(a + b)", "error: the result is not plain data: TypeError"),
+        ("return (x for x in [a])", "error: the result is not plain data: TypeError"),
+        ("x = [a]\n    x.append(x)\n    return x", "error: the result is not plain data: ValueError"),
+        ("raise KeyError('k')", "error: KeyError: 'k'"),
+        ("raise SystemExit(0)", "error: SystemExit: 0"),
+    ],
+)
+def test_results_that_are_not_plain_data_are_call_errors(body, first):
+    run_ = sandbox.run_judged(JUDGE, f"def f(a, b):\n    {body}\n", "f", FAST)
+    assert run_.candidate.status == "ok" and run_.report[0].startswith(first), run_
+
+
+@pytest.mark.parametrize(
+    "candidate, why",
+    [
+        ("import os\ndef f(a, b):\n    os._exit(0)\n", "it exited during a call"),
+        (f"{CHANNEL_FD}\nos.write(channel_fd(), b'\\x00\\x00\\x00\\x05junk!')\ndef f(a, b):\n    return 1\n",
+         "a reply without a call"),
+        (f"{CHANNEL_FD}\ndef f(a, b):\n    os.write(channel_fd(), b'\\xff\\xff\\xff\\xff')\n    return 1\n",
+         "a reply over the size limit"),
+        (f"{CHANNEL_FD}\ndef f(a, b):\n    os.write(channel_fd(), b'\\x00\\x00\\x00\\x02[]')\n    return 1\n",
+         "a reply that is not plain data"),
+    ],
+    ids=["exits", "writes-before-any-call", "oversized-frame", "malformed-frame"],
+)
+def test_protocol_breaches_end_the_candidate_not_the_judge(candidate, why):
+    run_ = sandbox.run_judged(JUDGE, candidate, "f", FAST)
+    assert run_.judge.status == "ok" and run_.report is not None
+    assert all(str(v).startswith("error: the candidate") for v in run_.report), run_.report
+    assert run_.protocol_error.startswith(why), run_.protocol_error
+
+
+def test_a_candidate_that_never_answers_times_out():
+    run_ = sandbox.run_judged(JUDGE, "def f(a, b):\n    while True:\n        pass\n", "f", SandboxLimits(cpu_s=1, wall_s=3))
+    assert run_.candidate.status == "timeout"
+
+
+def test_plain_codec_round_trip_and_refusals():
+    value = (None, True, 1, -2**100, 1.5, float("inf"), "é\ud800", b"\x00\xff", [1, [2]], {(1, "a"): {3}}, frozenset({1}))
+    data = sandbox._plain_dumps(value, 10**6, 8, 1000)
+    back = sandbox._plain_loads(data, 10**6, 8, 1000)
+    assert back == value and type(back[9]) is dict and type(back[10]) is frozenset
+    for bad in (object(), [1] * 1001, [[[[[[[[[[1]]]]]]]]]], type("I", (int,), {})(1)):
+        with pytest.raises((TypeError, ValueError)):
+            sandbox._plain_dumps(bad, 10**6, 8, 1000)
+    for bad in (b"[1]", b'{"x": []}', b'{"s": [{"l": []}]}', b"[" * 100_000, b'{"l": 1}', "x"):
+        with pytest.raises((TypeError, ValueError)):
+            sandbox._plain_loads(bad, 10**6, 8, 1000)
