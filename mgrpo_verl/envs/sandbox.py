@@ -822,7 +822,7 @@ def _install_guard(sandbox, read_roots, report_fd, violation_exit, denied_import
     import sys
 
     write, exit_now = os.write, os._exit
-    stat_, audit_, create_builtin_, list_ = os.stat, sys.audit, _imp.create_builtin, list
+    stat_, audit_, create_builtin_, list_, fspath_ = os.stat, sys.audit, _imp.create_builtin, list, os.fspath
     namespace_ = type(sys.implementation)  # types.SimpleNamespace
     loaded_builtins = []  # builtin modules loaded when the guard hardens: never created again
     str_, bytes_, int_, type_, repr_ = str, bytes, int, type, repr
@@ -1004,13 +1004,13 @@ def _install_guard(sandbox, read_roots, report_fd, violation_exit, denied_import
         # may write), _imp.create_builtin (a fresh posix module would hold the originals). The originals
         # are dropped from every loaded module and from os.supports_* (which hold the function objects).
         def stat(path, *, dir_fd=None, follow_symlinks=True):
-            box = []
-            audit_("sandbox.stat", path, dir_fd, follow_symlinks, box)
+            box = []  # a path object is converted once, here: the hook checks and stats that same str
+            audit_("sandbox.stat", path if type_(path) is int_ else fspath_(path), dir_fd, follow_symlinks, box)
             return box[0]
 
         def lstat(path, *, dir_fd=None):
             box = []
-            audit_("sandbox.stat", path, dir_fd, False, box)
+            audit_("sandbox.stat", path if type_(path) is int_ else fspath_(path), dir_fd, False, box)
             return box[0]
 
         def mknod(path, mode=0o600, device=0, *, dir_fd=None):

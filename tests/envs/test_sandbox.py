@@ -474,10 +474,12 @@ def test_stat_inside_the_sandbox_and_of_the_standard_library_works():
         print(os.stat("a.txt").st_size, os.path.exists("a.txt"), os.path.exists("missing"), os.path.isdir("."))
         print(os.stat("/dev/null").st_mode > 0, os.lstat(os.getcwd()).st_mode > 0, os.stat(0).st_mode >= 0)
         os.path.exists(json.__file__)  # the standard library is an allowed root (readable or not for this uid)
+        import pathlib
+        print(pathlib.Path("a.txt").exists(), pathlib.Path("a.txt").stat().st_size)  # path objects: converted once
         """
     )
     assert result.status == "ok", result
-    assert result.stdout == "5 True False True\nTrue True True\n"
+    assert result.stdout == "5 True False True\nTrue True True\nTrue 5\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="files of another uid need root")
