@@ -246,8 +246,11 @@ def with_peer(messages: list[dict[str, str]], peer_role: str, peer_code: str) ->
 
 _DEF_LINE = re.compile(r"^(?P<indent>[ \t]*)def[ \t]+(?P<name>\w+)[ \t]*\(")
 
-#: At most this many ``def <name>(`` lines of one answer are tried by :func:`extract_function` (the last ones).
+#: At most this many ``def <name>(`` lines of one answer are tried by :func:`extract_function` (the last ones),
+#: each over at most this many characters: the work per answer is bounded (about 0.4 s of tokenising at
+#: worst) whatever its length.
 MAX_CANDIDATES = 16
+MAX_FUNCTION_CHARS = 20_000
 
 #: What parsing or compiling model output may raise: not Python, or nested too deeply (the parser's and
 #: compiler's recursion limits: ``RecursionError``, ``MemoryError``).
@@ -261,19 +264,25 @@ def extract_function(text: str, name: str) -> str | None:
     Each line ``def <name>(`` starts a candidate; the Python tokenizer finds where its block ends (prose
     or a closing fence after it does not matter), and ``ast`` must parse it as that function. The last
     candidate that parses wins, as the last definition wins in Python; only the last
-    :data:`MAX_CANDIDATES` are tried, so the time is linear in the length of ``text`` (each try reads at
-    most the rest of it). Decorators are not kept. Never raises, whatever the text (deep nesting included).
+    :data:`MAX_CANDIDATES` are tried, each over at most :data:`MAX_FUNCTION_CHARS` characters (a longer
+    function is not found), so the time is linear in the length of ``text``. Decorators are not kept. Never raises, whatever the text (deep nesting included).
     """
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if (m := _DEF_LINE.match(line)) and m["name"] == name]
     for start in reversed(starts[-MAX_CANDIDATES:]):
         indent = len(_DEF_LINE.match(lines[start])["indent"])
-        block = []
+        block, size = [], 0
         for line in lines[start:]:  # stop at the first line indented less than the def
             if line.strip() and len(line) - len(line.lstrip()) < indent:
                 break
+            size += len(line) + 1
+            if size > MAX_FUNCTION_CHARS:  # no real answer is this long: the rest is not read
+                break
             block.append(line[indent:])
-        source = "\n".join(block[: _block_length(block)]) + "\n"
+        length = _block_length(block)
+        if size > MAX_FUNCTION_CHARS and length == len(block):  # the definition may go on past the cut
+            continue
+        source = "\n".join(block[:length]) + "\n"
         try:
             tree = ast.parse(source)
             for node in tree.body:

@@ -224,6 +224,16 @@ def test_a_long_answer_with_many_definitions_is_extracted_in_linear_time():
     assert extract_function("x = (\n" * 8000 + "\n" + WRONG_AUX, "aux") == WRONG_AUX.strip()
 
 
+@pytest.mark.timeout(10)
+def test_early_candidates_read_a_bounded_part_of_a_long_answer():
+    # 16 unclosed definitions followed by 500 kB of indented lines: each try used to tokenise it all (7 s)
+    helper = "def aux(a, b):\n  return (\n" * 16 + "  x\n" * 125_000
+    assert extract_function(helper, "aux") is None
+    long_body = "def aux(a):\n" + "    a += 1\n" * (coop_code.MAX_FUNCTION_CHARS // 11) + "    return a\n"
+    assert extract_function(long_body, "aux") is None  # longer than MAX_FUNCTION_CHARS: not found
+    assert extract_function("def aux(a):\n" + "    a += 1\n" * 1000 + "    return a\n", "aux").endswith("return a")
+
+
 def test_only_the_last_candidates_are_tried():
     good = "def aux(a):\n    return a\n"
     broken = "def aux(a):\n    return (\n"
