@@ -51,3 +51,16 @@ def test_the_dropped_keys_are_the_ones_ray_refuses_when_joining():
     assert NODE_RESOURCE_KEYS == ("num_cpus", "num_gpus")
     assert "if num_cpus is not None or num_gpus is not None:" in source
     assert '"When connecting to an existing cluster, num_cpus "' in source
+
+
+def test_transfer_queue_controller_is_one_per_cluster():
+    """docs/multinode.md says two verl jobs must not share a Ray cluster: TransferQueue's controller is a named
+    actor in a fixed namespace, and a second job that finds the name taken connects to the first job's queue.
+    If this changes, revisit that sentence (and tests/trainer/test_multinode_e2e.py's choice of one cluster
+    per decoupled side)."""
+    import transfer_queue.interface as tq_interface
+
+    source = inspect.getsource(tq_interface)
+    assert 'name="TransferQueueController", namespace="transfer_queue"' in source
+    assert 'ray.get_actor("TransferQueueController", namespace="transfer_queue")' in source
+    assert "Some other rank has initialized TransferQueueController. Try to connect to existing controller." in source

@@ -1,23 +1,25 @@
-"""Several machines, simulated on CPU: a two-node Ray cluster (``ray.cluster_utils.Cluster``) that
-``python -m mgrpo_verl.main_ppo`` joins, as after ``ray start --head`` / ``ray start --address`` on two
-machines (docs/multinode.md).
+"""Several machines, simulated on CPU with ``ray.cluster_utils.Cluster`` (raylets on this machine, each a
+"node" with its own logical GPU and a custom resource naming it), joined by ``python -m mgrpo_verl.main_ppo``
+through ``RAY_ADDRESS``, as after ``ray start --head`` / ``ray start --address`` on real machines
+(docs/multinode.md). On CPU our platform reports logical GPUs under Ray's ``GPU`` resource.
 
-Each simulated node has one logical GPU (on CPU our platform reports logical GPUs under Ray's ``GPU``
-resource) and a custom resource naming it (``node_a``, ``node_b``). Every model-owning agent's resource
-pool is a STRICT_PACK placement group of one bundle per GPU, so with one GPU per node and one per agent
-the two pools cannot share a node: placement on two nodes is forced by the arithmetic, no new setting.
-Which agent gets which node is Ray's choice (it differs between runs); the tests prove the split, not a
-particular assignment.
+1. **one job on a two-node cluster** (``node_a``, ``node_b``, one GPU each): the default two-agent job
+   trains 1 step. Every model-owning agent's pool is a STRICT_PACK placement group of one bundle per GPU,
+   so with one GPU per node and one per agent the two pools cannot share a node: the split is forced by
+   the arithmetic, with no new setting. Which agent gets which node is Ray's choice (it differs between
+   runs): the test proves the split, not an assignment. Read back from Ray's GCS tables (which keep
+   removed placement groups and dead actors with their nodes): the ``agent_main`` and ``agent_sub``
+   placement groups are on different nodes, one on each; the workers' own report (``mgrpo placement:``
+   lines) names those placement groups; each node runs exactly one rollout server, on its agent's node.
+2. **decoupled M-GRPO, one side per machine**: two single-node clusters (``node_main``, ``node_sub``),
+   each side joins its own. Each side's pool and rollout server are on its node, one step is trained on
+   each side, and the sub side trained exactly the calls that the main side's records list.
 
-1. the default two-agent job joins the cluster and trains 1 step; read back from Ray's state (GCS tables,
-   which keep removed placement groups and dead actors with their nodes): the ``agent_main`` and
-   ``agent_sub`` placement groups are on different nodes, one on each, and each node runs exactly one
-   rollout server, on its agent's node;
-2. decoupled M-GRPO, its two sides as two jobs of the same cluster (two job ids, so the per-job socket
-   paths of colocated weight sync cannot collide): each side's pool on its own node, one step trained on
-   each side, the sub side trained exactly the calls that the main side's records list.
+   Not two jobs of one cluster: verl 0.9.1's TransferQueue controller is a named actor in a fixed
+   namespace (``TransferQueueController`` in ``transfer_queue``), so a second verl job on the same cluster
+   silently connects to the first job's queue (``tests/platform/test_ray_join.py`` guards this fact).
 
-The cluster is small: two raylets (16 logical CPUs each, for verl's long-lived actors) on this machine.
+Small clusters: 16 logical CPUs per node (for verl's long-lived actors), a few real processes.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,7 +43,6 @@ from mgrpo_verl.store import open_store
 
 pytestmark = pytest.mark.slow
 
-NODES = ("node_a", "node_b")
 NODE_CPUS = 16
 # B = 4 prompts x n = 4 rollouts per step
 MAIN_ROWS = 16
@@ -55,9 +59,42 @@ def join_overrides(metrics_file: Path) -> list[str]:
     ]
 
 
-@pytest.fixture
-def two_nodes():
-    """A two-node Ray cluster on this machine: (cluster, its temp dir). Shut down afterwards."""
+
+class SimulatedCluster:
+    """A Ray cluster of ``nodes`` (one custom resource name each, one logical GPU) on this machine."""
+
+    def __init__(self, cluster, tmp: str):
+        self.cluster, self.tmp = cluster, tmp
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def state(self) -> dict:
+        """Ray's record of the cluster: node id -> our node name, placement groups (name -> node ids of their
+        bundles; id -> node ids) and actors (name, job, node), removed and dead ones included."""
+        import ray
+        from ray._private.state import actors
+
+        with patched_environ(ray_cpu_env(self.tmp)):
+            ray.init(address=self.address, log_to_driver=False)
+            try:
+                names = {n["NodeID"]: next(r for r in n["Resources"] if r.startswith("node_"))
+                         for n in ray.nodes() if n["Alive"]}
+                pgs: dict[str, set] = defaultdict(set)
+                pg_ids: dict[str, set] = {}
+                for pg_id, pg in ray.util.placement_group_table().items():
+                    pgs[pg["name"]].update(pg["bundles_to_node_id"].values())
+                    pg_ids[pg_id] = set(pg["bundles_to_node_id"].values())
+                actor_list = [{"name": a["Name"], "job": a["JobID"], "node": a["Address"]["NodeID"]}
+                              for a in actors().values()]
+            finally:
+                ray.shutdown()
+        return {"nodes": names, "pgs": dict(pgs), "pg_ids": pg_ids, "actors": actor_list}
+
+
+@contextmanager
+def simulated_cluster(*nodes: str) -> Iterator[SimulatedCluster]:
     from ray.cluster_utils import Cluster
 
     with private_temp_dir() as tmp:
@@ -67,40 +104,19 @@ def two_nodes():
             cluster = Cluster(
                 initialize_head=True,
                 connect=False,
-                head_node_args={"num_cpus": NODE_CPUS, "num_gpus": 1, "resources": {NODES[0]: 1}, "include_dashboard": False},
+                head_node_args={"num_cpus": NODE_CPUS, "num_gpus": 1, "resources": {nodes[0]: 1}, "include_dashboard": False},
             )
             try:
-                cluster.add_node(num_cpus=NODE_CPUS, num_gpus=1, resources={NODES[1]: 1})
+                for node in nodes[1:]:
+                    cluster.add_node(num_cpus=NODE_CPUS, num_gpus=1, resources={node: 1})
                 cluster.wait_for_nodes()
             except BaseException:
                 cluster.shutdown()
                 raise
         try:
-            yield cluster, tmp
+            yield SimulatedCluster(cluster, tmp)
         finally:
             cluster.shutdown()
-
-
-def cluster_state(cluster, tmp) -> dict:
-    """Ray's record of the cluster: node id -> our node name, placement groups (name -> node ids of
-    their bundles) and actors (name, job, node), removed and dead ones included."""
-    import ray
-    from ray._private.state import actors
-
-    with patched_environ(ray_cpu_env(tmp)):
-        ray.init(address=cluster.address, log_to_driver=False)
-        try:
-            names = {n["NodeID"]: next(r for r in n["Resources"] if r in NODES) for n in ray.nodes() if n["Alive"]}
-            pgs: dict[str, set] = defaultdict(set)
-            for pg in ray.util.placement_group_table().values():
-                pgs[pg["name"]].update(pg["bundles_to_node_id"].values())
-            actor_list = [
-                {"name": a["Name"], "job": a["JobID"], "node": a["Address"]["NodeID"], "class": a["ActorClassName"]}
-                for a in actors().values()
-            ]
-        finally:
-            ray.shutdown()
-    return {"nodes": names, "pgs": dict(pgs), "actors": actor_list}
 
 
 def pool_node(state: dict, agent: str) -> str:
@@ -111,30 +127,40 @@ def pool_node(state: dict, agent: str) -> str:
     return nodes.pop()
 
 
-def test_two_agents_each_on_its_own_node(two_nodes, main_ppo, tmp_path):
-    cluster, tmp = two_nodes
-    run = main_ppo(
-        "joined", "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
-        "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
-        *join_overrides(tmp_path / "joined" / "metrics.jsonl"),
-        env={"RAY_ADDRESS": cluster.address},
-    )
-    assert run.returncode == 0, run.log[-6000:]
+def reported_nodes(log: str, state: dict) -> dict[str, set]:
+    """agent -> nodes of the placement groups its workers reported from inside (the trainer's
+    ``mgrpo placement: agent <name> rank <r> pool <pool> placement_group <id> ...`` lines)."""
+    found: dict[str, set] = defaultdict(set)
+    for agent, pg_id in re.findall(r"mgrpo placement: agent (\S+) rank \d+ pool \S+ placement_group (\w+)", log):
+        found[agent] |= state["pg_ids"][pg_id]
+    return dict(found)
+
+
+def test_two_agents_each_on_its_own_node(main_ppo, tmp_path):
+    nodes = ("node_a", "node_b")
+    with simulated_cluster(*nodes) as cluster:
+        run = main_ppo(
+            "joined", "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
+            *join_overrides(tmp_path / "joined" / "metrics.jsonl"),
+            env={"RAY_ADDRESS": cluster.address},
+        )
+        assert run.returncode == 0, run.log[-6000:]
+        state = cluster.state()
     assert f"Connecting to existing Ray cluster at address: {cluster.address}" in run.log
     assert run.steps() == [1]
     m = run.at(1)
     for agent in ("main", "sub"):
         assert m[f"agent/{agent}/update_rows"] > 0 and math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
 
-    state = cluster_state(cluster, tmp)
     main_node, sub_node = pool_node(state, "main"), pool_node(state, "sub")
     assert main_node != sub_node
-    assert {state["nodes"][main_node], state["nodes"][sub_node]} == set(NODES)
-    # each agent's rollout server runs on its own pool's node (the HF replica follows its first worker);
-    # one server per node
+    assert {state["nodes"][main_node], state["nodes"][sub_node]} == set(nodes)
+    # the workers themselves report being in those placement groups
+    assert reported_nodes(run.log, state) == {"main": {main_node}, "sub": {sub_node}}
+    # each agent's rollout server runs on its own pool's node (the HF replica follows its first worker):
+    # one server per node, and each got its model's weights there (initial sync and after step 1)
     servers = sorted(a["node"] for a in state["actors"] if a["name"].startswith("hf_server_"))
     assert servers == sorted([main_node, sub_node]), state["actors"]
-    # and each server got its own actor's weights, on its node, at start and after step 1
     for replica in (0, 1):
         assert f"HF rollout replica {replica}: " in run.log
     print(f"placement: main -> {state['nodes'][main_node]}, sub -> {state['nodes'][sub_node]}")
@@ -154,8 +180,7 @@ def _metrics(path: Path) -> dict[int, dict]:
     return merged
 
 
-def test_decoupled_sides_on_two_nodes(two_nodes, main_ppo, tmp_path):
-    cluster, tmp = two_nodes
+def test_decoupled_sides_each_on_its_own_machine(main_ppo, tmp_path):
     port = _free_port()
     store_url = f"sqlite:///{tmp_path / 'stats.db'}"
     common = [f"multi_agent.decoupled.store={store_url}", "trainer.total_training_steps=1", "trainer.n_gpus_per_node=1",
@@ -165,30 +190,44 @@ def test_decoupled_sides_on_two_nodes(two_nodes, main_ppo, tmp_path):
     cleared = ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS", "VERL_FILE_LOGGER_PATH")
     env = {k: v for k, v in os.environ.items() if k not in cleared}
     env.update(HOME=str(main_ppo.home), MGRPO_VERL_CACHE=str(main_ppo.cache), HF_HOME=str(tmp_path / "hf"),
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", RAY_ADDRESS=cluster.address)
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
 
-    def start(side: str, *overrides: str) -> subprocess.Popen:
+    def start(side: str, address: str, *overrides: str) -> subprocess.Popen:
         out = tmp_path / side
         out.mkdir()
         args = [sys.executable, "-m", "mgrpo_verl.main_ppo", f"multi_agent.decoupled.role={side}",
                 f"trainer.default_local_dir={out / 'ckpt'}", f"mgrpo_verl.metrics_file={out / 'metrics.jsonl'}",
                 *join_overrides(out / "metrics.jsonl"), *common, *overrides]
-        return subprocess.Popen(args, cwd=out, env=env, stdout=open(out / "log.txt", "w"), stderr=subprocess.STDOUT)
+        return subprocess.Popen(args, cwd=out, env={**env, "RAY_ADDRESS": address},
+                                stdout=open(out / "log.txt", "w"), stderr=subprocess.STDOUT)
 
-    sub = start("sub", f"multi_agent.decoupled.serve_port={port}")
-    main = start("main", f"multi_agent.decoupled.sub_urls.sub=http://127.0.0.1:{port}")
-    try:
-        main_rc = main.wait(timeout=1200)
-        sub_rc = sub.wait(timeout=300)
-    finally:
-        for proc in (main, sub):
-            if proc.poll() is None:
-                proc.kill()
-    main_log, sub_log = ((tmp_path / side / "log.txt").read_text() for side in ("main", "sub"))
-    assert main_rc == 0, main_log[-4000:]
-    assert sub_rc == 0, sub_log[-4000:]
-    for log in (main_log, sub_log):
-        assert f"Connecting to existing Ray cluster at address: {cluster.address}" in log
+    with simulated_cluster("node_main") as main_machine, simulated_cluster("node_sub") as sub_machine:
+        sub = start("sub", sub_machine.address, f"multi_agent.decoupled.serve_port={port}")
+        main = start("main", main_machine.address, f"multi_agent.decoupled.sub_urls.sub=http://127.0.0.1:{port}")
+        try:
+            main_rc = main.wait(timeout=1200)
+            sub_rc = sub.wait(timeout=300)
+        finally:
+            for proc in (main, sub):
+                if proc.poll() is None:
+                    proc.kill()
+        main_log, sub_log = ((tmp_path / side / "log.txt").read_text() for side in ("main", "sub"))
+        assert main_rc == 0, main_log[-4000:]
+        assert sub_rc == 0, sub_log[-4000:]
+        states = {"main": main_machine.state(), "sub": sub_machine.state()}
+    assert f"Connecting to existing Ray cluster at address: {main_machine.address}" in main_log
+    assert f"Connecting to existing Ray cluster at address: {sub_machine.address}" in sub_log
+
+    # each side's pool, workers and rollout server on its own machine's node; nothing of the other side there
+    for side, log in (("main", main_log), ("sub", sub_log)):
+        state = states[side]
+        (node,) = state["nodes"]
+        assert state["nodes"][node] == f"node_{side}"
+        assert pool_node(state, side) == node
+        assert not any(name.startswith("agent_") and not name.startswith(f"agent_{side}verl_group") for name in state["pgs"])
+        assert reported_nodes(log, state) == {side: {node}}
+        assert [a["node"] for a in state["actors"] if a["name"].startswith("hf_server_")] == [node]
+    assert [a["name"] for a in states["sub"]["actors"] if a["name"].startswith("mgrpo_sub_service_")] == ["mgrpo_sub_service_sub"]
 
     # one step trained on each side; the sub side's rows are exactly the calls the main records list
     main_m, sub_m = _metrics(tmp_path / "main" / "metrics.jsonl"), _metrics(tmp_path / "sub" / "metrics.jsonl")
@@ -209,16 +248,3 @@ def test_decoupled_sides_on_two_nodes(two_nodes, main_ppo, tmp_path):
         assert {r.traj_id for r in subs if r.step == 1} == listed
         assert sub_m[1]["decoupled/ready_rows"] == len(listed)
         assert store.consumed("sub:sub", sorted(listed)) == listed
-
-    # two jobs of one cluster, each side's pool on its own node
-    state = cluster_state(cluster, tmp)
-    main_node, sub_node = pool_node(state, "main"), pool_node(state, "sub")
-    assert main_node != sub_node
-    assert {state["nodes"][main_node], state["nodes"][sub_node]} == set(NODES)
-    servers = [a for a in state["actors"] if a["name"].startswith("hf_server_")]
-    assert len({a["job"] for a in servers}) == 2, servers
-    assert sorted(a["node"] for a in servers) == sorted([main_node, sub_node]), servers
-    service = [a for a in state["actors"] if a["name"] == "mgrpo_sub_service_sub"]
-    assert len(service) == 1, state["actors"]
-    print(f"placement: main side -> {state['nodes'][main_node]}, sub side -> {state['nodes'][sub_node]}, "
-          f"sub service on {state['nodes'][service[0]['node']]}")
