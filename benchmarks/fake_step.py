@@ -28,11 +28,13 @@ from omegaconf import OmegaConf
 from tensordict import NonTensorStack, TensorDict
 from transfer_queue import KVBatchMeta
 
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
 from mgrpo_verl.algorithms.alignment import plan_resolved_alignment
+from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.trainer.agents import AgentRuntime
 from mgrpo_verl.trainer.per_agent import MultiAgentTrainer
 from mgrpo_verl.trainer.rows import ROW_META, build_row_table, plan_update_sets, scalar_advantages, write_row_values
-from mgrpo_verl.algorithms.config import MGRPOConfig
 
 
 class FakeTransferQueue:
@@ -104,7 +106,7 @@ class FakeWorkerGroup:
         self.threads: set[str] = set()
 
     def _query_dispatch_info(self, role):
-        return [rank // 1 for rank in range(self.dp)]
+        return list(range(self.dp))  # one worker per data-parallel rank
 
     def _enter(self, method: str, batch: KVBatchMeta) -> None:
         self.threads.add(threading.current_thread().name)
@@ -226,8 +228,6 @@ def write_step(store: FakeTransferQueue, agents: list[str], queries: int = 4, ro
                     add(f"{prefix}_{j}", f"u{q}", sub, f"{prefix}/{sub}{c}", f"{prefix}/m", float(rng.random()),
                         int(rng.integers(4, 9)), int(rng.integers(2, 7)))
                     j += 1
-    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
     store.kv_batch_put(keys=keys, partition_id=partition, fields=list_of_dict_to_tensordict(rows), tags=tags)
     batch = KVBatchMeta(partition_id=partition, keys=keys, tags=tags)
     table = build_row_table(keys, [r["uid"] for r in rows], [r["extra_fields"] for r in rows])
