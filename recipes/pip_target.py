@@ -23,6 +23,7 @@ Only for resolving and downloading: nothing here installs into an environment fo
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import runpy
 import subprocess
@@ -67,7 +68,11 @@ def ensure_pip(cache: Path) -> Path:
 def build_sdist_wheels(dest: Path) -> None:
     """Wheels of the SDIST_ONLY packages in ``dest`` (pure Python: valid for every target)."""
     dest.mkdir(parents=True, exist_ok=True)
-    missing = [r for r in SDIST_ONLY if not any(dest.glob(r.split("==")[0].replace("-", "_") + "-" + r.split("==")[1] + "-*.whl"))]
+    def built(requirement: str) -> bool:
+        name, version = requirement.split("==")
+        return any(dest.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+
+    missing = [r for r in SDIST_ONLY if not built(r)]
     if missing:
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), *missing], check=True)
 
@@ -104,8 +109,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--glibc", default=DEFAULT_GLIBC, help="target glibc (default %(default)s)")
     parser.add_argument("--pip", type=Path, help=f"pip {PIP_VERSION} wheel (default: downloaded into --cache)")
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("MGRPO_PIP_CACHE", Path.home() / ".cache" / "mgrpo_verl")))
+    parser.add_argument("--sdist-wheels", type=Path, metavar="DIR",
+                        help="only build the wheels of SDIST_ONLY into DIR (for --find-links) and exit")
     parser.add_argument("pip_args", nargs=argparse.REMAINDER, help="-- then pip's command and options")
     args = parser.parse_args(argv)
+    if args.sdist_wheels:
+        build_sdist_wheels(args.sdist_wheels)
+        return 0
     pip_args = args.pip_args[1:] if args.pip_args[:1] == ["--"] else args.pip_args
     if not pip_args or pip_args[0] not in ("install", "download"):
         parser.error("give pip's command after --: install (with --dry-run) or download")
@@ -117,6 +127,10 @@ def main(argv: list[str]) -> int:
         if "--dry-run" not in pip_args:
             parser.error("install only with --dry-run: this resolves for another Python, it cannot install for it")
         extra.append("--use-feature=fast-deps")
+    io_file = os.environ.get("MGRPO_PIP_IO_FILE")
+    if io_file and Path("/proc/self/io").is_file():
+        # bytes this process read (sockets included): shows that a dry run fetched metadata, not wheels
+        atexit.register(lambda: Path(io_file).write_text(Path("/proc/self/io").read_text()))
     sys.argv = ["pip", pip_args[0], *extra, *pip_args[1:]]
     runpy.run_module("pip", run_name="__main__")
     return 0
