@@ -60,9 +60,10 @@ def test_two_agents_train_on_one_gpu(main_ppo, tmp_path):
     assert placed["sub"] == placed["main"]
     assert placed["main"][0][2] != "none"
 
-    # both models update at every step
+    # both models update at every step, one after the other (they share the GPU)
     for step in (1, 2):
         m = run.at(step)
+        assert m["mgrpo/concurrent_updates"] == 0.0
         for agent in ("main", "sub"):
             assert m[f"agent/{agent}/update_rows"] > 0
             assert math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
