@@ -206,7 +206,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam(f"{TRAINER_BASE}:PPOTrainer._validate", (ROWS, PER_AGENT),
          "verl parses TransferQueue keys with key.rsplit('_', 2) (uid may contain '_'); our copy keys "
          "{uid}_{session}_{100000+i} must parse the same way",
-         behaviour="keys_parsed_with_rsplit", names=()),
+         behaviour="keys_parsed_with_rsplit", names=("{uid}_{session}_{index}",)),
     Seam(f"{AGENT_LOOP}:AgentLoopWorker._run_agent_loop", (SUB_SERVICE,),
          "SubAgentService._serve runs one sub-agent call through verl's own loop runner",
          params=("self", "sampling_params", "trajectory", "agent_name", "trace", "kwargs"), sha256="32c3d607c5d4c9fa124c9d53a476689b63aeb2662f28c9cc1933fc6ec3e9e989",
