@@ -20,8 +20,8 @@ its own code sets and reads, a key format, what a method does besides its return
 
 Covered elsewhere, referenced rather than repeated: the attributes verl's four step methods read on
 ``self`` (``AgentView``, tests/contract/test_agent_view.py); the replica-rank seams of rollout adapters
-(``replica_rank`` constructor argument, ``init_hybrid`` slicing, ``rollout_replica_class``;
-tests/trainer/test_vllm_seams.py); the two runtime patches (tests/platform/test_verl_patch.py,
+(``replica_rank`` constructor argument, ``init_hybrid`` slicing, ``rollout_replica_class`` with verl's
+real classes: tests/trainer/test_vllm_seams.py; here only their hash / hook checks); the two runtime patches (tests/platform/test_verl_patch.py,
 tests/platform/test_verl_offload_patch.py).
 
 When a hash fails: read verl's new source of that name, adapt the user named in the message, then record
