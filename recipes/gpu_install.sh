@@ -46,14 +46,15 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "gpu_install: creating $VENV ${site:-(isolated)}"
   "$PY" -m venv $site "$VENV"
 fi
-VPY="$VENV/bin/python"
+VPY="$(cd "$VENV" && pwd)/bin/python"
+# -I: never the current folder on sys.path (a checkout there would pass for the installed mgrpo_verl)
 have_py="$("$VPY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 [ "$have_py" = "$want_py" ] || { echo "gpu_install: $WH was built for Python $want_py, $VPY is $have_py (rebuild it with gpu_wheelhouse.sh --python $have_py)" >&2; exit 1; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # plan: which locked packages to install (absent or at another version), which the environment has
 plan="$(mktemp)"; trap 'rm -f "$plan"' EXIT
-"$VPY" - "$WH" "$SKIP" "$plan" <<'EOF'
+"$VPY" -I - "$WH" "$SKIP" "$plan" <<'EOF'
 import fnmatch, re, sys
 from importlib import metadata
 from pathlib import Path
@@ -72,7 +73,7 @@ for line in (wh / "requirements.lock").read_text().split():
         have, where = dist.version, str(dist.locate_file(""))
     except metadata.PackageNotFoundError:
         have, where = None, ""
-    if have is not None and have.split("+")[0] == version:
+    if have is not None and have.split("+")[0] == version.split("+")[0]:
         kept += 1
         continue
     if (name, version) not in wheels:
@@ -90,12 +91,12 @@ plan.write_text("".join(f"{r}\n" for r in install))
 print(f"gpu_install: {kept} locked packages already present, {len(install)} to install")
 EOF
 if [ -s "$plan" ]; then
-  "$VPY" -m pip install -q --no-index --find-links "$WH" --no-deps -r "$plan"
+  "$VPY" -I -m pip install -q --no-index --find-links "$WH" --no-deps -r "$plan"
 fi
 # our own wheel always: an installed mgrpo_verl of the same version number may be other code
-"$VPY" -m pip install -q --no-index --no-deps --force-reinstall "$OWN"
+"$VPY" -I -m pip install -q --no-index --no-deps --force-reinstall "$OWN"
 
-"$VPY" - "$WH" "$SKIP" <<'EOF'
+"$VPY" -I - "$WH" "$SKIP" <<'EOF'
 import fnmatch, re, sys
 from importlib import metadata
 from pathlib import Path
@@ -111,10 +112,10 @@ for line in (wh / "requirements.lock").read_text().split():
         have = metadata.version(name)
     except metadata.PackageNotFoundError:
         have = None
-    if have is None or have.split("+")[0] != version:
+    if have is None or have.split("+")[0] != version.split("+")[0]:
         wrong.append(f"{name}: locked {version}, seen {have}")
 if wrong:
     sys.exit("gpu_install: the venv does not see the locked versions: " + "; ".join(wrong))
 EOF
-"$VPY" -c 'import mgrpo_verl, verl, transformers, torch; print(f"gpu_install: ok: mgrpo_verl from {mgrpo_verl.__path__[0]}, verl {verl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'
+"$VPY" -I -c 'import mgrpo_verl, verl, transformers, torch; print(f"gpu_install: ok: mgrpo_verl from {mgrpo_verl.__path__[0]}, verl {verl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'
 echo "gpu_install: run with $VPY -m mgrpo_verl.main_ppo ..."

@@ -17,6 +17,7 @@
 #                 they stay in the lock, and gpu_install.sh checks the image has them
 #   --exclude-present  an interpreter of the target image (e.g. a connected node with the same image):
 #                 every locked package it has at the locked version is left out of the wheelhouse
+#                 (except pip, setuptools and wheel: a new venv has its own, which hide the image's)
 #   --constraint  a pip constraints file for the resolution (e.g. the image's `pip freeze`, to keep its
 #                 versions where verl allows them)
 #   --list        resolve and write the lock only; downloads no wheel (metadata only)
@@ -81,15 +82,17 @@ from pathlib import Path
 
 out, exclude = Path(sys.argv[1]), [p.strip().lower() for p in sys.argv[2].split(",") if p.strip()]
 norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+# a new venv brings its own pip and setuptools (3.11), which hide the image's: those are always fetched
 present = {(norm(n), v.split("+")[0]) for n, v in json.loads(sys.argv[3]).items()}
+present = {(n, v) for n, v in present if n not in ("pip", "setuptools", "wheel")}
 pins = sorted((norm(i["metadata"]["name"]), i["metadata"]["version"]) for i in json.loads((out / "report.json").read_text())["install"])
 pins = [(n, v) for n, v in pins if n != "mgrpo-verl"]
 (out / "requirements.lock").write_text("".join(f"{n}=={v}\n" for n, v in pins))
-have = {(norm(p.name.split("-")[0]), p.name.split("-")[1]) for p in out.glob("*.whl")} | present
-fetch = [(n, v) for n, v in pins if (n, v) not in have and not any(fnmatch.fnmatch(n, norm(x)) for x in exclude)]
+have = {(norm(p.name.split("-")[0]), p.name.split("-")[1]) for p in out.glob("*.whl")}
+fetch = [(n, v) for n, v in pins if (n, v) not in have and (n, v.split("+")[0]) not in present and not any(fnmatch.fnmatch(n, norm(x)) for x in exclude)]
 (out / "download.txt").write_text("".join(f"{n}=={v}\n" for n, v in fetch))
 left = [n for n, _ in pins if any(fnmatch.fnmatch(n, norm(x)) for x in exclude)]
-kept = sum((n, v) in present for n, v in pins)
+kept = sum((n, v.split("+")[0]) in present for n, v in pins)
 print(f"gpu_wheelhouse: {len(pins)} packages locked in {out / 'requirements.lock'}; {len(fetch)} to download"
       + (f"; {kept} present in the image" if present else "")
       + (f"; excluded (the image must have them): {', '.join(left)}" if left else ""))
