@@ -60,7 +60,13 @@ TARGET=(--python "$TARGET_PY" --glibc "$GLIBC" --cache "${MGRPO_PIP_CACHE:-$OUT/
 
 echo "gpu_wheelhouse: our wheel"
 rm -f "$OUT"/mgrpo_verl-*.whl
-"$PY" -m pip wheel -q --no-deps -w "$OUT" "$ROOT"
+# from a clean copy of the sources: setuptools reuses a checkout's build/ folder, and a module deleted
+# since the last build would still be packed
+src="$(mktemp -d)"; trap 'rm -rf "$src"' EXIT
+"$PY" -c 'import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))' \
+  "$ROOT/mgrpo_verl" "$src/mgrpo_verl"
+cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$src/"
+"$PY" -m pip wheel -q --no-deps -w "$OUT" "$src"
 OWN="$(ls "$OUT"/mgrpo_verl-*.whl)"
 "$PY" "$ROOT/recipes/pip_target.py" "${TARGET[@]}" --sdist-wheels "$OUT"
 

@@ -11,6 +11,7 @@ venv over the image's copy, install our wheel, and do it with no index.
 import os
 import subprocess
 import sys
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -86,6 +87,10 @@ def test_offline_install_into_an_image_keeps_its_packages_and_shadows_one(tmp_pa
     done = _run("bash", WHEELHOUSE, "--out", wh, "--python", "3.11", "--glibc", _glibc(), "--extra", "none",
                 "--constraint", constraints, "--exclude-present", vpy, "--exclude", cuda)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # our wheel carries every config file (the editable install reads them from the checkout)
+    own = zipfile.ZipFile(next(wh.glob("mgrpo_verl-*.whl"))).namelist()
+    shipped = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "mgrpo_verl/config").rglob("*.yaml"))
+    assert sorted(n for n in own if n.endswith(".yaml")) == shipped
     lock = dict(line.split("==") for line in (wh / "requirements.lock").read_text().split())
     # torch: PyPI's 2.13.0, or 2.13.0+cpu where pip's configuration has a CPU wheel folder (this machine)
     assert lock[shadowed] == other and lock["torch"].split("+")[0] == "2.13.0" and lock["verl"] == "0.9.1"
