@@ -6,6 +6,7 @@
 #   bash recipes/gpu_smoke.sh A1 A2           # some stages (one call of the device tool each, if needed)
 #   bash recipes/gpu_smoke.sh --model /models/Qwen2.5-0.5B-Instruct B1
 #   MGRPO_SMOKE_DEVICE=cpu SMOKE_STEPS=1 bash recipes/gpu_smoke.sh A1   # the plumbing on CPU, labelled cpu
+#   bash recipes/gpu_smoke.sh --report-only   # no stage: the report (and $OUT files) from the stage folders
 #
 # Stages (relay task of the multi-agent trainer, main + sub agent, same rows per step in every stage):
 #   A1  verl's FSDP actor on CUDA + our HF rollout replica on the GPU, one model (sub shares main's model)
@@ -40,16 +41,18 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 MODEL="${SMOKE_MODEL:-}"
 STAGES=()
+REPORT_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) MODEL="$2"; shift 2 ;;
     --model=*) MODEL="${1#--model=}"; shift ;;
+    --report-only) REPORT_ONLY=1; shift ;;
     A1|A2|B1|B2) STAGES+=("$1"); shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_smoke: unknown argument '$1' (stages: A1 A2 B1 B2; --model DIR)" >&2; exit 2 ;;
   esac
 done
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(A1 A2 B1 B2)
+[ ${#STAGES[@]} -eq 0 ] && [ "$REPORT_ONLY" = 0 ] && STAGES=(A1 A2 B1 B2)
 
 DEVICE="${MGRPO_SMOKE_DEVICE:-cuda}"
 WORK="${SMOKE_WORK:-gpu_smoke_out}"
@@ -171,7 +174,7 @@ run_stage() {
 }
 
 failed=0
-for stage in "${STAGES[@]}"; do
+for stage in "${STAGES[@]+"${STAGES[@]}"}"; do
   run_stage "$stage" || failed=1
 done
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -240,4 +241,8 @@ def test_kit_runs_stage_a1_on_cpu_labelled_cpu(tmp_path):
     assert all(row[ph] is not None and row[ph] > 0 for ph in gs.PHASES), row
     assert set(row["agents"]) == {"main"}  # the sub-agent shares main's model
     assert (out / "gpu_smoke.md").read_text().startswith("# GPU smoke kit, device cpu: NOT GPU results")
-    assert (out / "A1" / "metrics.jsonl").is_file() and (out / "A1" / "log_tail.txt").is_file()
+    # the device tool brings back at most 8 files from $OUT: the two results files and one raw archive
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_smoke.json", "gpu_smoke.md", "gpu_smoke_raw.tar.gz"]
+    with tarfile.open(out / "gpu_smoke_raw.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"env.json", "A1/metrics.jsonl", "A1/log.txt", "A1/rc", "A1/cmd.txt"} <= names
