@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     --model=*) MODEL="${1#--model=}"; shift ;;
     --report-only) REPORT_ONLY=1; shift ;;
     A1|A2|B1|B2) STAGES+=("$1"); shift ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^set /!p}' "$0"; exit 0 ;;
     *) echo "gpu_smoke: unknown argument '$1' (stages: A1 A2 B1 B2; --model DIR)" >&2; exit 2 ;;
   esac
 done
