@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mgrpo_verl.config.resolvers import register_resolvers, uses_cpu
 from mgrpo_verl.trainer.multi_agent_config import multi_agent_enabled, parse_multi_agent
+from mgrpo_verl.trainer.memory import preflight
 
 register_resolvers()
 
@@ -139,6 +140,7 @@ def run(config: DictConfig) -> dict[str, Any]:
     if multi_agent_enabled(config):
         # every error in the multi_agent section surfaces here, before Ray starts
         ma = parse_multi_agent(config)
+        preflight(config)  # a layout that cannot fit in GPU memory, refused with the figures
         reward_key = f"agent/{ma.decoupled.train_agent if ma.decoupled.role == 'sub' else ma.main}/score/mean"
 
     metrics_file = Path(config.mgrpo_verl.metrics_file).absolute()

@@ -42,8 +42,7 @@ from verl.utils.debug import marked_timer
 from mgrpo_verl.rollout.remote_sub import RemoteSubAgent, RemoteCallError
 from mgrpo_verl.rollout.sub_service import PendingRow, SubAgentService
 from mgrpo_verl.store import TrajectoryStat, open_store
-from mgrpo_verl.trainer.agents import REPLICA_OFFSET_KEY, side_replica_offsets
-from mgrpo_verl.trainer.per_agent import MultiAgentTrainer, _replica_count, _row_metrics
+from mgrpo_verl.trainer.per_agent import MultiAgentTrainer, _row_metrics
 from mgrpo_verl.trainer.rows import ROW_META, RowTable, _as_list, decoupled_sub_table, scalar_advantages, write_row_values
 
 logger = logging.getLogger(__name__)
@@ -126,16 +125,6 @@ class DecoupledMainTrainer(MultiAgentTrainer):
 
 class DecoupledSubTrainer(MultiAgentTrainer):
     """The sub side of decoupled M-GRPO (see the module docstring)."""
-
-    def _agent_runtimes(self):
-        """The synchronous trainer's runtimes, with replica ranks after every other side's
-        (:func:`~mgrpo_verl.trainer.agents.side_replica_offsets`): on one host, this side's vLLM weight-sync
-        sockets must not be the main side's (both Ray clusters have job id 01000000)."""
-        runtimes = super()._agent_runtimes()
-        offsets = side_replica_offsets(self.multi_agent, {n: _replica_count(rt.config) for n, rt in runtimes.items()})
-        for name, rt in runtimes.items():
-            rt.config.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[name]
-        return runtimes
 
     def _setup(self):
         super()._setup()

@@ -52,7 +52,7 @@ Phases, per group of GPUs (one group per agent with ``placement: separate``, one
   needs them, and its logits / activations.
 
 Pure functions except :func:`read_model_config` (reads a local file or the Hugging Face cache, never the
-network), :func:`detect_gpu_memory_gb` (``torch.cuda``) and :func:`preflight` (both, and prints).
+network), :func:`detect_gpu_memory_gb` (``nvidia-smi``) and :func:`preflight` (both, and prints).
 """
 
 from __future__ import annotations
@@ -480,15 +480,40 @@ def estimate_config(
 
 
 def detect_gpu_memory_gb() -> Optional[float]:
-    """Memory of the smallest visible GPU in GB from ``torch.cuda`` (device properties only: no allocation),
-    ``None`` when no GPU is visible."""
+    """Memory of the smallest visible GPU in GB, ``None`` when no GPU is visible.
+
+    Asks ``nvidia-smi`` rather than ``torch.cuda``: the driver process must not create a CUDA context (it
+    would hold several hundred MB of GPU 0 for the whole run, next to the agents' workers). Honours
+    ``CUDA_VISIBLE_DEVICES`` when it lists indices."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return None
     try:
-        import torch
-    except ImportError:  # pragma: no cover
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
         return None
-    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        return None
-    return min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / GB
+    return smallest_visible_gpu_gb(out, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def smallest_visible_gpu_gb(nvidia_smi_csv: str, visible: Optional[str]) -> Optional[float]:
+    """The smallest ``memory.total`` (MiB) in ``nvidia-smi --query-gpu=index,memory.total`` output among the
+    GPUs ``visible`` lists (``CUDA_VISIBLE_DEVICES``; unset or not plain indices: all), in GB."""
+    sizes = {}
+    for line in nvidia_smi_csv.strip().splitlines():
+        index, _, mib = line.partition(",")
+        try:
+            sizes[index.strip()] = float(mib.strip()) * 2**20
+        except ValueError:
+            continue
+    wanted = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    if wanted and all(v.isdigit() for v in wanted):
+        sizes = {k: v for k, v in sizes.items() if k in wanted}
+    return min(sizes.values()) / GB if sizes else None
 
 
 def preflight(config: DictConfig) -> Optional[MemoryEstimate]:
@@ -501,7 +526,7 @@ def preflight(config: DictConfig) -> Optional[MemoryEstimate]:
     gpu_gb = ma.gpu_memory_gb
     source = "multi_agent.gpu_memory_gb"
     if gpu_gb is None:
-        gpu_gb, source = detect_gpu_memory_gb(), "torch.cuda"
+        gpu_gb, source = detect_gpu_memory_gb(), "nvidia-smi"
     if gpu_gb is None:
         print("mgrpo memory estimate skipped: no GPU visible and multi_agent.gpu_memory_gb is null", flush=True)
         return None

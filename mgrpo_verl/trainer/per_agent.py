@@ -51,6 +51,7 @@ from mgrpo_verl.trainer.agents import (
     AgentActorRolloutRefWorker,
     AgentLLMServerManager,
     AgentRuntime,
+    side_replica_offsets,
 )
 from mgrpo_verl.trainer.memory import preflight
 from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
@@ -136,7 +137,8 @@ class MultiAgentTrainer(PPOTrainer):
     def _agent_runtimes(self) -> dict[str, AgentRuntime]:
         ma = self.multi_agent
         configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.local_owners}
-        offsets = ma.replica_offsets({s.name: _replica_count(configs[s.name]) if s.name in configs else 0 for s in ma.model_owners})
+        # decoupled sides count the other side's owners too, so that their replicas never share a rank
+        offsets = side_replica_offsets(ma, {name: _replica_count(cfg) for name, cfg in configs.items()})
         runtimes = {}
         for spec in ma.local_owners:
             cfg = configs[spec.name]

@@ -319,3 +319,14 @@ def test_skipped_when_a_model_is_not_on_this_machine(tmp_path, capsys, monkeypat
     assert est is None and "no local config.json for agent 'sub' (Qwen/Qwen3-1.7B)" in why
     assert preflight(cfg) is None
     assert "mgrpo memory estimate skipped: no local config.json for agent 'sub'" in capsys.readouterr().out
+
+
+def test_gpu_memory_is_read_from_nvidia_smi_for_the_visible_gpus_only():
+    # an H100 (81,559 MiB) and a 40 GiB card; MiB -> GB (1e9 bytes): 40,960 * 2**20 / 1e9 = 42.94967296
+    csv = "0, 81559\n1, 40960\n"
+    assert memory.smallest_visible_gpu_gb(csv, None) == pytest.approx(42.94967296)
+    # CUDA_VISIBLE_DEVICES=0 hides the small card: 81,559 * 2**20 / 1e9 = 85.520809984
+    assert memory.smallest_visible_gpu_gb(csv, "0") == pytest.approx(85.520809984)
+    # UUIDs instead of indices: all GPUs count; no GPU at all: None
+    assert memory.smallest_visible_gpu_gb(csv, "GPU-1a2b") == pytest.approx(42.94967296)
+    assert memory.smallest_visible_gpu_gb("", None) is None
