@@ -145,8 +145,8 @@ def test_two_agents_each_on_its_own_node(main_ppo, tmp_path):
             env={"RAY_ADDRESS": cluster.address},
         )
         assert run.returncode == 0, run.log[-6000:]
+        assert f"Connecting to existing Ray cluster at address: {cluster.address}" in run.log
         state = cluster.state()
-    assert f"Connecting to existing Ray cluster at address: {cluster.address}" in run.log
     assert run.steps() == [1]
     m = run.at(1)
     for agent in ("main", "sub"):
@@ -214,9 +214,9 @@ def test_decoupled_sides_each_on_its_own_machine(main_ppo, tmp_path):
         main_log, sub_log = ((tmp_path / side / "log.txt").read_text() for side in ("main", "sub"))
         assert main_rc == 0, main_log[-4000:]
         assert sub_rc == 0, sub_log[-4000:]
+        assert f"Connecting to existing Ray cluster at address: {main_machine.address}" in main_log
+        assert f"Connecting to existing Ray cluster at address: {sub_machine.address}" in sub_log
         states = {"main": main_machine.state(), "sub": sub_machine.state()}
-    assert f"Connecting to existing Ray cluster at address: {main_machine.address}" in main_log
-    assert f"Connecting to existing Ray cluster at address: {sub_machine.address}" in sub_log
 
     # each side's pool, workers and rollout server on its own machine's node; nothing of the other side there
     for side, log in (("main", main_log), ("sub", sub_log)):

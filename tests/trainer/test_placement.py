@@ -48,42 +48,60 @@ def test_pins_restrict_the_nodes():
     assert placement_problem({"agent_main": 2}, {"agent_main": "node_main"}, {"a": {**GPU8, "node_main": PIN_AMOUNT}}) is not None
 
 
+PINNING_SCRIPT = """
+import json
+import ray
+from ray.cluster_utils import Cluster
+
+from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
+from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
+
+spec = {"agent_main": [1], "agent_sub": [1]}
+mapping = {"main": "agent_main", "sub": "agent_sub"}
+result = {"placed": []}
+with private_temp_dir() as tmp, patched_environ(ray_cpu_env(tmp)):
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": 4, "num_gpus": 1, "resources": {"node_a": 1}, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=4, num_gpus=1, resources={"node_b": 1})
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        names = {n["NodeID"]: next(r for r in n["Resources"] if r.startswith("node_")) for n in ray.nodes()}
+        for pins in ({"agent_main": "node_b", "agent_sub": "node_a"}, {"agent_main": "node_a", "agent_sub": "node_b"}):
+            manager = PinnedResourcePoolManager(resource_pool_spec=dict(spec), mapping=mapping, node_resources=pins)
+            manager.create_resource_pool()
+            placed = {}
+            for pool_name, pool in manager.resource_pool_dict.items():
+                (pg,) = pool.get_placement_groups(device_name="cpu")
+                placed[pool_name] = names[ray.util.placement_group_table(pg)["bundles_to_node_id"][0]]
+                ray.util.remove_placement_group(pg)
+            result["placed"].append(placed)
+        both = PinnedResourcePoolManager(resource_pool_spec=dict(spec), mapping=mapping,
+                                         node_resources={"agent_main": "node_a", "agent_sub": "node_a"})
+        try:
+            both.create_resource_pool()
+        except ValueError as err:
+            result["refused"] = str(err)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+print(json.dumps(result))
+"""
+
+
 @pytest.mark.slow
 def test_pins_place_the_pools_on_their_nodes_on_a_real_cluster():
     """Two nodes with one logical GPU each; the pools go where their pins say, in both directions (so not by
-    Ray's choice), and an impossible pin is refused before any placement group is requested."""
-    import ray
-    from ray.cluster_utils import Cluster
+    Ray's choice), and an impossible pin is refused before any placement group is requested. In a fresh
+    interpreter: verl resolves its platform (ours: CPU, resource ``GPU``) once per process."""
+    import json
+    import os
+    import subprocess
+    import sys
 
-    from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
-    from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
-
-    spec = {"agent_main": [1], "agent_sub": [1]}
-    mapping = {"main": "agent_main", "sub": "agent_sub"}
-    with private_temp_dir() as tmp, patched_environ(ray_cpu_env(tmp)):
-        cluster = Cluster(initialize_head=True, connect=False,
-                          head_node_args={"num_cpus": 4, "num_gpus": 1, "resources": {"node_a": 1}, "include_dashboard": False})
-        try:
-            cluster.add_node(num_cpus=4, num_gpus=1, resources={"node_b": 1})
-            cluster.wait_for_nodes()
-            ray.init(address=cluster.address, log_to_driver=False)
-            names = {n["NodeID"]: next(r for r in n["Resources"] if r.startswith("node_")) for n in ray.nodes()}
-            for pins in ({"agent_main": "node_b", "agent_sub": "node_a"}, {"agent_main": "node_a", "agent_sub": "node_b"}):
-                manager = PinnedResourcePoolManager(resource_pool_spec=dict(spec), mapping=mapping, node_resources=pins)
-                manager.create_resource_pool()
-                placed = {}
-                for pool_name, pool in manager.resource_pool_dict.items():
-                    (pg,) = pool.get_placement_groups(device_name="cpu")
-                    placed[pool_name] = names[ray.util.placement_group_table(pg)["bundles_to_node_id"][0]]
-                assert placed == pins
-                for pool in manager.resource_pool_dict.values():
-                    for pg in pool.pgs:
-                        ray.util.remove_placement_group(pg)
-
-            both = PinnedResourcePoolManager(resource_pool_spec=dict(spec), mapping=mapping,
-                                             node_resources={"agent_main": "node_a", "agent_sub": "node_a"})
-            with pytest.raises(ValueError, match="do not fit together"):
-                both.create_resource_pool()
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS")}
+    proc = subprocess.run([sys.executable, "-c", PINNING_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["placed"] == [{"agent_main": "node_b", "agent_sub": "node_a"}, {"agent_main": "node_a", "agent_sub": "node_b"}]
+    assert result["refused"].startswith("the agents' pools do not fit together"), result
