@@ -46,7 +46,8 @@ from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.utils import normalize_token_ids
 
-from mgrpo_verl.rollout.delegation import _generate, _Generation, _SubAgent, resolve_agent
+# the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
+from mgrpo_verl.rollout import delegation
 from mgrpo_verl.trainer.multi_agent_config import parse_cooperation
 
 logger = logging.getLogger(__name__)
@@ -132,11 +133,11 @@ class CooperativeLoop(AgentLoopBase):
 
         task = task_for(kwargs.get("data_source"))
         item = kwargs["reward_model"]["ground_truth"]
-        agents = {name: resolve_agent(self, name, self.settings.response_tokens) for name in task.agents}
+        agents = {name: delegation.resolve_agent(self, name, self.settings.response_tokens) for name in task.agents}
         prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
         s = self.settings
 
-        rows: list[tuple[_Node, str, list[int], _Generation, CoopReward]] = []
+        rows: list[tuple[_Node, str, list[int], delegation._Generation, CoopReward]] = []
         failed = 0
         frontier = [_Node("", -1, {a: [] for a in task.agents})]  # the task itself: the roots' parent
         leaves: list[float] = []
@@ -185,7 +186,7 @@ class CooperativeLoop(AgentLoopBase):
             )
         return out
 
-    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, _SubAgent], node: _Node, sampling_params):
+    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, delegation._SubAgent], node: _Node, sampling_params):
         """The children of ``node``: G completions per agent, joined, scored."""
         s = self.settings
         prompts = {}
@@ -199,12 +200,12 @@ class CooperativeLoop(AgentLoopBase):
         results = await asyncio.gather(
             *(self._complete(agents[name], prompts[name], sampling_params) for name, _ in calls)
         )
-        by_agent: dict[str, list[_Generation]] = {name: [] for name in agents}
+        by_agent: dict[str, list[delegation._Generation]] = {name: [] for name in agents}
         n_failed = 0
         for (name, _), gen in zip(calls, results):
             if gen is None:
                 n_failed += 1
-                gen = _Generation([], [], {}, None, 0.0)
+                gen = delegation._Generation([], [], {}, None, 0.0)
             by_agent[name].append(gen)
         names = list(agents)
         if s.joint_mode == "aligned":
@@ -238,10 +239,10 @@ class CooperativeLoop(AgentLoopBase):
             logger.warning("the joint reward could not be computed, scored 0: %s: %.500s", type(exc).__name__, exc)
             return CoopReward(0.0, {REWARD_ERRORS: 1.0}, f"the reward could not be computed ({type(exc).__name__})")
 
-    async def _complete(self, agent: _SubAgent, prompt_ids: list[int], sampling_params) -> _Generation | None:
+    async def _complete(self, agent: delegation._SubAgent, prompt_ids: list[int], sampling_params) -> delegation._Generation | None:
         try:
             return await asyncio.wait_for(
-                _generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
+                delegation._generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
                 timeout=self.settings.timeout_s,
             )
         except Exception as exc:  # a failed generation is an empty completion, counted

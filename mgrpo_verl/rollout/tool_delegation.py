@@ -115,18 +115,8 @@ from verl.utils.ray_utils import get_event_loop
 from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
+# the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
 from mgrpo_verl.rollout import delegation
-from mgrpo_verl.rollout.delegation import (
-    MAX_TOKENS_KEY,
-    TRUNCATED,
-    DelegationSettings,
-    _agent_setting,
-    _Generation,
-    _merge_generation_fields,
-    _mgrpo,
-    _row,
-    _tokenizer_path,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +224,7 @@ class _Recorder:
         self.client = client
         self.response_length = response_length
         self.cap = cap
-        self.generations: list[_Generation] = []
+        self.generations: list[delegation._Generation] = []
         self._prompt_length: Optional[int] = None
 
     async def generate(
@@ -244,7 +234,7 @@ class _Recorder:
             self._prompt_length = len(prompt_ids)
         room = self.response_length - (len(prompt_ids) - self._prompt_length)
         max_tokens = max(1, min(room, self.cap) if self.cap else room)
-        params = {**sampling_params, MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
+        params = {**sampling_params, delegation.MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
         start = time.perf_counter()
         output = await self.client.generate(
             request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs
@@ -253,7 +243,7 @@ class _Recorder:
         token_ids = list(output.token_ids)[:max_tokens]
         log_probs = _fit(output.log_probs, len(token_ids))
         self.generations.append(
-            _Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
+            delegation._Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
         )
         return output.model_copy(update={"token_ids": token_ids, "log_probs": log_probs})
 
@@ -298,7 +288,7 @@ class ToolDelegationSettings:
     * ``sub_prompt`` (``multi_agent.delegation.sub_prompt``): ``relay.load_sub_prompt``.
     """
 
-    base: DelegationSettings
+    base: delegation.DelegationSettings
     sub_agents: tuple[str, ...]
     sub_max_turns: int = 2
     sub_prompt: Any = relay.tool_sub_messages
@@ -306,7 +296,7 @@ class ToolDelegationSettings:
     @classmethod
     def from_config(cls, config: DictConfig) -> ToolDelegationSettings:
         """Settings of ``config`` (the whole trainer config); raises ``ValueError`` naming a bad field."""
-        base = DelegationSettings.from_config(config)
+        base = delegation.DelegationSettings.from_config(config)
         section = OmegaConf.select(config, "multi_agent", default=None) or {}
         agents = section.get("agents")
         subs = (base.sub_agent,) if agents is None else tuple(str(a) for a in agents if a != base.main)
@@ -366,7 +356,7 @@ class _SubCall:
     agent: str
     index: int
     output: Optional[AgentLoopOutput] = None
-    generations: list[_Generation] = field(default_factory=list)
+    generations: list[delegation._Generation] = field(default_factory=list)
     report: str = ""
 
 
@@ -399,7 +389,7 @@ def _tools_for(agent_config: Any) -> list[Any]:
     """The tools of an agent's full config (``multi_turn.tool_config_path`` / ``function_tool_path``), loaded
     once per process; none without a config."""
     key = tuple(
-        _agent_setting(agent_config, f"actor_rollout_ref.rollout.multi_turn.{name}", None)
+        delegation._agent_setting(agent_config, f"actor_rollout_ref.rollout.multi_turn.{name}", None)
         for name in ("tool_config_path", "function_tool_path")
     )
     if key not in _TOOLS:
@@ -439,14 +429,14 @@ def _output_row(
     output: AgentLoopOutput, generations: list, mgrpo: dict[str, Any], reward_extra_info: dict[str, Any], score: float
 ) -> AgentLoopOutput:
     """The row of one finished verl tool loop (main or sub): its tokens, our metadata and the main score."""
-    return _row(
+    return delegation._row(
         list(output.prompt_ids),
         list(output.response_ids),
         list(output.response_mask),
         _fit(output.response_logprobs, len(output.response_ids)),
         num_turns=output.num_turns,
         metrics=output.metrics,
-        extra_fields={**_merge_generation_fields(generations), "mgrpo": mgrpo, "reward_extra_info": reward_extra_info},
+        extra_fields={**delegation._merge_generation_fields(generations), "mgrpo": mgrpo, "reward_extra_info": reward_extra_info},
         reward_score=score,
     )
 
@@ -631,9 +621,9 @@ class ToolDelegationLoop(ToolAgentLoop):
         if side == "left":
             return "(truncated)..." + text[-limit:]
         if side == "right":
-            return text[:limit] + TRUNCATED
+            return text[:limit] + delegation.TRUNCATED
         half = limit // 2
-        return text[:half] + TRUNCATED + "..." + text[len(text) - half :]
+        return text[:half] + delegation.TRUNCATED + "..." + text[len(text) - half :]
 
     def _resolve_sub_agent(self, name: str) -> _SubAgent:
         """The sub-agent's client, tokenizer, tools and limits, and its tool loop.
@@ -648,20 +638,20 @@ class ToolDelegationLoop(ToolAgentLoop):
         manager = self._manager
         client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
         agent_config = getattr(client, "config", None)
-        path = _tokenizer_path(agent_config)
+        path = delegation._tokenizer_path(agent_config)
         tokenizer, hf_model_type = self.tokenizer, self._hf_model_type
-        if path is not None and path != _tokenizer_path(self.config):
+        if path is not None and path != delegation._tokenizer_path(self.config):
             if path not in delegation._TOKENIZERS:
-                trust = bool(_agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+                trust = bool(delegation._agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
                 delegation._TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
             tokenizer = delegation._TOKENIZERS[path]
-            hf_model_type = _model_type(_agent_setting(agent_config, "actor_rollout_ref.model.path", None))
+            hf_model_type = _model_type(delegation._agent_setting(agent_config, "actor_rollout_ref.model.path", None))
 
         rollout, multi_turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
         main_rollout = self.rollout_config
 
         def setting(key: str, default: Any) -> Any:
-            return _agent_setting(agent_config, key, default)
+            return delegation._agent_setting(agent_config, key, default)
 
         response_length = int(setting(f"{rollout}.response_length", self.response_length))
         sub_rollout = {
@@ -729,9 +719,9 @@ class ToolDelegationLoop(ToolAgentLoop):
             if call.output is None:  # failed or timed out: no row
                 continue
             sub_score = sub_scores[call.order][0]
-            meta = _mgrpo(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
+            meta = delegation._mgrpo(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
             rows.append(_output_row(call.output, call.generations, meta, dict(reward_extra_info), score))
-        meta = _mgrpo(self.settings.base.main, main_id, "", score, started)
+        meta = delegation._mgrpo(self.settings.base.main, main_id, "", score, started)
         meta.update(failed_calls=state.failed_calls, observation_truncated=state.observation_truncated)
         rows.append(_output_row(output, state.main.generations, meta, reward_extra_info, score))
         return rows
