@@ -404,7 +404,7 @@ class MemoryEstimate:
             "Per agent, per GPU:",
             *self.agent_lines(),
             "What to change: " + "; ".join(_hints(self, parts)),
-            "(the GPU memory is multi_agent.gpu_memory_gb, or torch.cuda's when that is null; terms: "
+            "(the GPU memory is multi_agent.gpu_memory_gb, or nvidia-smi's when that is null; terms: "
             "mgrpo_verl/trainer/memory.py)",
         ])
 

@@ -65,8 +65,12 @@ What every key means, and why it exists:
     ``n_gpus_per_node`` must be null or equal to ``trainer.n_gpus_per_node``.
 ``gpu_memory_gb`` (default ``null``)
     Memory of one GPU in GB (10^9 bytes) for the pre-flight memory estimate
-    (:func:`mgrpo_verl.trainer.memory.preflight`): a number > 0, or null to read it from ``torch.cuda``
+    (:func:`mgrpo_verl.trainer.memory.preflight`): a number > 0, or null to read it from ``nvidia-smi``
     when a GPU is visible (the estimate is skipped, with a log line, when none is).
+``concurrent_updates`` (default ``"auto"``)
+    ``auto``: models on resource pools of their own (``placement: separate``) run their old-log-prob /
+    reference / actor update at the same time, one driver thread each; models that share a pool update
+    one after the other. ``false``: always one after the other. Read by the trainer's update step.
 ``agents`` (required, non-empty)
     The agents, a mapping keyed by name. Names must match ``[A-Za-z0-9_-]+`` because they become
     metric prefixes (``<agent>/actor/...``) and folder names (checkpoints per agent). Each entry:
@@ -383,7 +387,7 @@ class MultiAgentConfig:
     ``trainer.n_gpus_per_node`` GPUs)."""
 
     gpu_memory_gb: Optional[float] = None
-    """Memory of one GPU in GB for the pre-flight estimate; ``None``: ask ``torch.cuda``."""
+    """Memory of one GPU in GB for the pre-flight estimate; ``None``: ask ``nvidia-smi``."""
 
     @property
     def local_owners(self) -> tuple[AgentSpec, ...]:
@@ -579,7 +583,7 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
     gpu_memory_gb = get("gpu_memory_gb", None)
     if gpu_memory_gb is not None and (not _positive(gpu_memory_gb) or not math.isfinite(gpu_memory_gb)):
         raise ValueError(
-            f"multi_agent.gpu_memory_gb must be null (read the GPU's memory from torch.cuda) or a number of GB > 0, "
+            f"multi_agent.gpu_memory_gb must be null (read the GPU's memory from nvidia-smi) or a number of GB > 0, "
             f"got {gpu_memory_gb!r}"
         )
     concurrent = get("concurrent_updates", "auto")

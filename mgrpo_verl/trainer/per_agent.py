@@ -2,9 +2,11 @@
 
 What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing else:
 
-- **setup**: one resource pool, hybrid actor/ref/rollout worker group, set of rollout servers and
-  checkpoint engine per model-owning agent (``agents.py``), and an LLM client that routes each agent's
-  generations to its own servers (``MultiAgentLLMClient``);
+- **setup**: a hybrid actor/ref/rollout worker group, set of rollout servers and checkpoint engine per
+  model-owning agent (``agents.py``), each in a resource pool of its own or all in one
+  (``multi_agent.placement: shared``: several agents on one GPU), after a memory pre-flight
+  (``memory.py``); and an LLM client that routes each agent's generations to its own servers
+  (``MultiAgentLLMClient``);
 - **step** (:meth:`MultiAgentTrainer._step_once`, below): rows of every agent → M-GRPO advantages on the
   real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
   reference / actor-update methods on that model's rows only → weight sync per model;
