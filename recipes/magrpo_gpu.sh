@@ -2,7 +2,7 @@
 # MAGRPO as in the paper, on GPUs with vLLM (preset mgrpo_verl/config/preset/magrpo_gpu.yaml): two
 # Qwen2.5-Coder-3B agents (coding, HumanEval) or two Qwen3-1.7B agents (writing), one model and one GPU
 # each, G = 4 joint actions per node. The pre-flight memory estimate checks the layout before Ray starts.
-# Not run in CI (no GPU there). Needs a CUDA torch 2.13.0 and `pip install -e .[vllm]`; models from the hub
+# Not run in CI (no GPU there). Needs `pip install -e ".[vllm]"` (CUDA torch 2.11.0, vLLM 0.24.0: README "Install on GPUs"); models from the hub
 # or a local path (MODEL=...).
 #
 #   TASK=code bash recipes/magrpo_gpu.sh

@@ -2,7 +2,7 @@
 # Two agents, each with its own model, on ONE GPU (preset mgrpo_verl/config/preset/one_gpu.yaml:
 # multi_agent.placement=shared, two Qwen2.5-0.5B-Instruct, vLLM, M-GRPO on the relay task). The pre-flight
 # memory estimate refuses, before Ray starts, a layout that cannot fit the GPU. Not run in CI (no GPU there).
-# Needs a CUDA torch 2.13.0 and `pip install -e .[vllm]`; models from the hub or local paths.
+# Needs `pip install -e ".[vllm]"` (CUDA torch 2.11.0, vLLM 0.24.0: README "Install on GPUs"); models from the hub or local paths.
 #
 #   bash recipes/one_gpu.sh
 #   MODEL=/models/Qwen2.5-0.5B-Instruct SUB_MODEL=/models/Qwen2.5-0.5B-Instruct bash recipes/one_gpu.sh

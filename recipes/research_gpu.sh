@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # M-GRPO deep research as in the paper's setting (preset research=gpu, mgrpo_verl/config/research/gpu.yaml):
 # a Qwen3 main agent and a Qwen3 sub-agent on one 8-GPU node, vLLM (ROLLOUT=sglang for SGLang), K = 8,
-# each agent on its own GPUs, delegation and tools by tool call. Not run in CI (no GPU there). Needs a CUDA
-# torch 2.13.0 and `pip install -e .[vllm]` (or [sglang]); models from the hub or local paths.
+# each agent on its own GPUs, delegation and tools by tool call. Not run in CI (no GPU there). Needs
+# `pip install -e ".[vllm]"` (or ".[sglang]"; README "Install on GPUs"); models from the hub or local paths.
 #
 #   bash recipes/research_gpu.sh
 #   MAIN_MODEL=/models/Qwen3-8B SUB_MODEL=/models/Qwen3-4B MAIN_GPUS=4 SUB_GPUS=4 bash recipes/research_gpu.sh
