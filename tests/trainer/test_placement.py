@@ -50,11 +50,26 @@ def test_pins_restrict_the_nodes():
 
 PINNING_SCRIPT = """
 import json
+import time
+
+# verl first: importing mgrpo_verl.platform before verl leaves this process on verl's CUDA fallback
+from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
+
 import ray
 from ray.cluster_utils import Cluster
 
 from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
-from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
+
+
+def wait_free_gpus(n):
+    # Ray's per-node view of free resources (what the check reads) lags behind the raylets by up to a second
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        nodes = ray._private.state.available_resources_per_node()
+        if sum(r.get("GPU", 0) for r in nodes.values()) >= n:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"the cluster never showed {n} free GPUs: {nodes}")
 
 spec = {"agent_main": [1], "agent_sub": [1]}
 mapping = {"main": "agent_main", "sub": "agent_sub"}
@@ -68,6 +83,7 @@ with private_temp_dir() as tmp, patched_environ(ray_cpu_env(tmp)):
         ray.init(address=cluster.address, log_to_driver=False)
         names = {n["NodeID"]: next(r for r in n["Resources"] if r.startswith("node_")) for n in ray.nodes()}
         for pins in ({"agent_main": "node_b", "agent_sub": "node_a"}, {"agent_main": "node_a", "agent_sub": "node_b"}):
+            wait_free_gpus(2)
             manager = PinnedResourcePoolManager(resource_pool_spec=dict(spec), mapping=mapping, node_resources=pins)
             manager.create_resource_pool()
             placed = {}
@@ -76,6 +92,7 @@ with private_temp_dir() as tmp, patched_environ(ray_cpu_env(tmp)):
                 placed[pool_name] = names[ray.util.placement_group_table(pg)["bundles_to_node_id"][0]]
                 ray.util.remove_placement_group(pg)
             result["placed"].append(placed)
+        wait_free_gpus(2)
         both = PinnedResourcePoolManager(resource_pool_spec=dict(spec), mapping=mapping,
                                          node_resources={"agent_main": "node_a", "agent_sub": "node_a"})
         try:
