@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mgrpo_verl.config.resolvers import register_resolvers, uses_cpu
 from mgrpo_verl.trainer.multi_agent_config import multi_agent_enabled, parse_multi_agent
@@ -131,6 +131,8 @@ def run(config: DictConfig) -> dict[str, Any]:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
+    from mgrpo_verl.platform.ray_session import existing_cluster_address, ray_init_for_existing_cluster
+
     check_rollout_engines(config)
     OmegaConf.resolve(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
@@ -146,7 +148,15 @@ def run(config: DictConfig) -> dict[str, Any]:
     metrics_file = Path(config.mgrpo_verl.metrics_file).absolute()
     metrics_file.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with ray_environment(uses_cpu(config.mgrpo_verl.device), {"VERL_FILE_LOGGER_PATH": str(metrics_file)}):
+    on_cpu = uses_cpu(config.mgrpo_verl.device)
+    env = {"VERL_FILE_LOGGER_PATH": str(metrics_file)}
+    ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init)
+    if existing_cluster_address(ray_init) is not None:
+        # joining a `ray start` cluster (docs/multinode.md): no node resources from the driver, and the
+        # driver's environment carried to workers on every node
+        with open_dict(config):
+            config.ray_kwargs.ray_init = ray_init_for_existing_cluster(ray_init, {**env, **({"MGRPO_VERL_DEVICE": "cpu"} if on_cpu else {})})
+    with ray_environment(on_cpu, env):
         run_ppo(config, task_runner_class=TaskRunnerV1)
     summary = summarize(metrics_file, time.monotonic() - start, reward_key)
     print(summary_line(summary), flush=True)

@@ -90,6 +90,11 @@ What every key means, and why it exists:
         main agent cannot share. ``trainable`` must equal the owner's (the same weights cannot be
         both frozen and trained), and ``actor_rollout_ref`` must be empty (the model's settings are
         the owner's).
+    ``node_resource`` (default ``null``)
+        A custom Ray resource (declared by ``ray start --resources='{"<name>": 1}'`` on one node) that
+        this agent's pool must land on: its bundles ask for it, so every worker of the agent runs on
+        that node (docs/multinode.md). Null: Ray chooses. Only for an agent with its own model and
+        ``placement: separate``.
     ``actor_rollout_ref`` (default ``{}``)
         Overrides merged onto the top-level ``actor_rollout_ref`` for this agent (model path, lr,
         ``rollout.response_length``, ...). Keys verl's typed configs do not have are rejected later,
@@ -138,7 +143,7 @@ SUPPORTED_ADV_ESTIMATORS = ("grpo", "mgrpo")
 AGENT_NAME_RE = re.compile(r"[A-Za-z0-9_\-]+")
 """Agent names become metric prefixes and folder names."""
 
-AGENT_KEYS = ("trainable", "n_gpus_per_node", "share_model_with", "actor_rollout_ref")
+AGENT_KEYS = ("trainable", "n_gpus_per_node", "share_model_with", "node_resource", "actor_rollout_ref")
 """Keys of one entry of ``multi_agent.agents``."""
 
 PLACEMENTS = ("separate", "shared")
@@ -172,6 +177,9 @@ class AgentSpec:
     """Overrides of ``actor_rollout_ref`` for this agent, a plain container. Interpolations are kept
     unresolved, so that they resolve in the agent's own config (see :func:`agent_full_config`).
     Treat as read-only."""
+
+    node_resource: Optional[str] = None
+    """Custom Ray resource of the node this agent's pool must land on, or ``None`` (Ray chooses)."""
 
     @property
     def owns_model(self) -> bool:
@@ -810,11 +818,19 @@ def _build_specs(raw: dict[str, dict], main: str, names: list[str], shared_gpus:
             gpus = 1 if gpus is None else gpus
             if not _is_int(gpus) or gpus < 1:
                 raise ValueError(f"{path}.n_gpus_per_node must be a positive int for an agent with its own model, got {gpus!r}")
+        node_resource = raw[name].get("node_resource")
+        if node_resource is not None:
+            if not isinstance(node_resource, str) or not node_resource:
+                raise ValueError(f"{path}.node_resource must be null or the name of a custom Ray resource, got {node_resource!r}")
+            if owner is not None or shared_gpus is not None:
+                why = f"it plays {owner!r}'s model" if owner is not None else "multi_agent.placement is 'shared' (one pool)"
+                raise ValueError(f"{path}.node_resource={node_resource!r} cannot apply: {why}; set it to null")
         specs[name] = AgentSpec(
             name=name,
             trainable=trainable[name],
             n_gpus_per_node=gpus,
             share_model_with=owner,
+            node_resource=node_resource,
             actor_rollout_ref=dict(overrides),
         )
     return specs

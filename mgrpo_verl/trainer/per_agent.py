@@ -56,6 +56,7 @@ from mgrpo_verl.trainer.agents import (
     side_replica_offsets,
 )
 from mgrpo_verl.trainer.memory import preflight
+from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
 from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
 from mgrpo_verl.trainer.rows import (
     RowTable,
@@ -172,7 +173,11 @@ class MultiAgentTrainer(PPOTrainer):
             self.mapping[key] = SHARED_POOL if shared else f"agent_{rt.name}"
             spec[self.mapping[key]] = [rt.config.trainer.n_gpus_per_node]
         colocate = max(ResourcePoolManager.max_colocate_count, len(self.agents) if shared else 1)
-        self.resource_pool_manager = ResourcePoolManager(resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=colocate)
+        pins = {} if shared else {f"agent_{s.name}": s.node_resource for s in self.multi_agent.local_owners if s.node_resource}
+        # verl's manager plus optional node pins and a per-node fit check (a pool no node can hold would wait forever)
+        self.resource_pool_manager = PinnedResourcePoolManager(
+            resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=colocate, node_resources=pins
+        )
 
     def _spawn_workers(self, rt: AgentRuntime) -> None:
         role = self._role(rt)

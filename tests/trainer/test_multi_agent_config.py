@@ -365,6 +365,17 @@ INVALID = {
     ),
     "distillation": ({"distillation": {"enabled": True}}, "distillation.enabled"),
     "agent_rollout_n": ({f"{_A}.sub.actor_rollout_ref": {"rollout": {"n": 8}}}, f"{_A}.sub.actor_rollout_ref.rollout.n"),
+    "node_resource_empty": ({f"{_A}.sub.node_resource": ""}, f"{_A}.sub.node_resource"),
+    "node_resource_not_string": ({f"{_A}.sub.node_resource": 3}, f"{_A}.sub.node_resource"),
+    "node_resource_sharing_agent": (
+        {f"{_A}.sub.node_resource": "node_b", f"{_A}.sub.share_model_with": "main", "trainer.n_gpus_per_node": 1},
+        "plays 'main'",
+    ),
+    "node_resource_shared_placement": (
+        {f"{_A}.sub.node_resource": "node_b", "multi_agent.placement": "shared", f"{_A}.main.n_gpus_per_node": None,
+         f"{_A}.sub.n_gpus_per_node": None},
+        "placement is 'shared'",
+    ),
 }
 
 
@@ -668,3 +679,9 @@ def test_invalid_placement(updates, expected):
 
 def test_placement_null_is_separate():
     assert parse_multi_agent(with_updates(base_config(), {"multi_agent.placement": None})).placement == "separate"
+
+
+def test_node_resource_pins_an_agent():
+    parsed = parse_multi_agent(with_updates(base_config(), {f"{_A}.sub.node_resource": "node_b"}))
+    assert parsed.agent("sub").node_resource == "node_b"
+    assert parsed.agent("main").node_resource is None

@@ -5,9 +5,9 @@ through ``RAY_ADDRESS``, as after ``ray start --head`` / ``ray start --address``
 
 1. **one job on a two-node cluster** (``node_a``, ``node_b``, one GPU each): the default two-agent job
    trains 1 step. Every model-owning agent's pool is a STRICT_PACK placement group of one bundle per GPU,
-   so with one GPU per node and one per agent the two pools cannot share a node: the split is forced by
-   the arithmetic, with no new setting. Which agent gets which node is Ray's choice (it differs between
-   runs): the test proves the split, not an assignment. Read back from Ray's GCS tables (which keep
+   so with one GPU per node and one per agent the two pools cannot share a node; which agent gets which
+   node is pinned with ``multi_agent.agents.<name>.node_resource`` (against Ray's own choice, which put
+   main on ``node_b`` in every unpinned run), and the run joins with no extra overrides. Read back from Ray's GCS tables (which keep
    removed placement groups and dead actors with their nodes): the ``agent_main`` and ``agent_sub``
    placement groups are on different nodes, one on each; the workers' own report (``mgrpo placement:``
    lines) names those placement groups; each node runs exactly one rollout server, on its agent's node.
@@ -46,18 +46,6 @@ pytestmark = pytest.mark.slow
 NODE_CPUS = 16
 # B = 4 prompts x n = 4 rollouts per step
 MAIN_ROWS = 16
-
-
-def join_overrides(metrics_file: Path) -> list[str]:
-    """What a run that joins an existing cluster sets today (docs/multinode.md): no logical CPUs / GPUs of its
-    own (the nodes declared them; Ray refuses both from a joining driver), and the metrics file's path through
-    the job's runtime_env (the cluster's workers do not inherit the driver's environment)."""
-    return [
-        "ray_kwargs.ray_init.num_cpus=null",
-        "ray_kwargs.ray_init.num_gpus=null",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={metrics_file}",
-    ]
-
 
 
 class SimulatedCluster:
@@ -141,7 +129,8 @@ def test_two_agents_each_on_its_own_node(main_ppo, tmp_path):
     with simulated_cluster(*nodes) as cluster:
         run = main_ppo(
             "joined", "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=-1",
-            *join_overrides(tmp_path / "joined" / "metrics.jsonl"),
+            # pinned against Ray's own choice (it put main on node_b in every unpinned run)
+            "multi_agent.agents.main.node_resource=node_a", "multi_agent.agents.sub.node_resource=node_b",
             env={"RAY_ADDRESS": cluster.address},
         )
         assert run.returncode == 0, run.log[-6000:]
@@ -153,8 +142,7 @@ def test_two_agents_each_on_its_own_node(main_ppo, tmp_path):
         assert m[f"agent/{agent}/update_rows"] > 0 and math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
 
     main_node, sub_node = pool_node(state, "main"), pool_node(state, "sub")
-    assert main_node != sub_node
-    assert {state["nodes"][main_node], state["nodes"][sub_node]} == set(nodes)
+    assert (state["nodes"][main_node], state["nodes"][sub_node]) == nodes  # where the pins put them
     # the workers themselves report being in those placement groups
     assert reported_nodes(run.log, state) == {"main": {main_node}, "sub": {sub_node}}
     # each agent's rollout server runs on its own pool's node (the HF replica follows its first worker):
@@ -197,7 +185,7 @@ def test_decoupled_sides_each_on_its_own_machine(main_ppo, tmp_path):
         out.mkdir()
         args = [sys.executable, "-m", "mgrpo_verl.main_ppo", f"multi_agent.decoupled.role={side}",
                 f"trainer.default_local_dir={out / 'ckpt'}", f"mgrpo_verl.metrics_file={out / 'metrics.jsonl'}",
-                *join_overrides(out / "metrics.jsonl"), *common, *overrides]
+                *common, *overrides]
         return subprocess.Popen(args, cwd=out, env={**env, "RAY_ADDRESS": address},
                                 stdout=open(out / "log.txt", "w"), stderr=subprocess.STDOUT)
 
