@@ -41,13 +41,13 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 from verl.single_controller.ray.base import ResourcePoolManager, create_colocated_worker_cls
 from verl.trainer.ppo.utils import Role, need_reference_policy
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
-from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
 from verl.workers.config import HFModelConfig
 
 from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_resolved_alignment
 from mgrpo_verl.rollout.multi_client import MultiAgentLLMClient
+from mgrpo_verl.trainer import checkpoints as ckpt
 from mgrpo_verl.trainer.agents import (
     REPLICA_OFFSET_KEY,
     AgentActorRolloutRefWorker,
@@ -362,39 +362,51 @@ class MultiAgentTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------ checkpoints
 
     def _save_checkpoint(self):
+        """All or nothing (:mod:`mgrpo_verl.trainer.checkpoints`): every trainable agent's actor, ``data.pt`` and
+        ``agents.json``, then the completion marker, then the tracker; older complete step folders are pruned
+        only after that (verl's per-worker ``max_ckpt_to_keep`` deletion is off: it would remove an agent's
+        previous actor before the other agents' new ones exist)."""
         from verl.utils.fs import local_mkdir_safe
 
         trainer = self.config.trainer
-        step_dir = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
-        keep = trainer.get("max_actor_ckpt_to_keep", None)
+        root = trainer.default_local_dir
+        folder = ckpt.step_dir(root, self.global_steps)
+        keep = 1 if trainer.get("remove_previous_ckpt_in_save", False) else trainer.get("max_actor_ckpt_to_keep", None)
+        saved = [rt.name for rt in self._trainable()]
+        if os.path.exists(folder):  # left by a run that resumed from an earlier step, or a save cut short
+            logger.warning("replacing the existing checkpoint folder %s", folder)
+            ckpt.remove_folder(folder)
         for rt in self._trainable():
-            sub = os.path.join("agents", rt.name, "actor")
+            sub = ckpt.actor_subdir(rt.name)
             remote = None if trainer.default_hdfs_dir is None else os.path.join(trainer.default_hdfs_dir, f"global_step_{self.global_steps}", sub)
-            rt.worker_group.save_checkpoint(os.path.join(step_dir, sub), remote, self.global_steps, max_ckpt_to_keep=keep)
-        local_mkdir_safe(step_dir)
-        torch.save(self.train_dataloader.state_dict(), os.path.join(step_dir, "data.pt"))
+            rt.worker_group.save_checkpoint(os.path.join(folder, sub), remote, self.global_steps, max_ckpt_to_keep=None)
+        local_mkdir_safe(folder)
+        torch.save(self.train_dataloader.state_dict(), os.path.join(folder, ckpt.DATA))
         manifest = {
             rt.name: {"model": rt.config.actor_rollout_ref.model.path, "trainable": rt.trainable, "plays": list(rt.plays)}
             for rt in self.agents.values()
         }
-        with open(os.path.join(step_dir, "agents.json"), "w") as f:
-            json.dump(manifest, f, indent=2)
-        # last, so that a crash while saving never leaves it pointing at a partial step
-        with open(os.path.join(trainer.default_local_dir, "latest_checkpointed_iteration.txt"), "w") as f:
-            f.write(str(self.global_steps))
-        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=step_dir, async_save=False)
+        ckpt.write_atomic(os.path.join(folder, ckpt.MANIFEST), json.dumps(manifest, indent=2))
+        ckpt.write_atomic(os.path.join(folder, ckpt.MARKER), json.dumps({"global_step": self.global_steps, "agents": saved}))
+        ckpt.write_atomic(os.path.join(root, ckpt.TRACKER), str(self.global_steps))
+        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=folder, async_save=False)
+        ckpt.prune(root, self.global_steps, keep, saved)
 
     def _resume_folder(self) -> str | None:
+        """A complete step folder, or None for ``disable`` / nothing saved yet. Differs from verl: never a partial
+        folder; ``auto`` falls back to the newest complete one (with a warning), ``resume_path`` to a partial
+        folder raises, and folders that exist with none complete raise instead of training from base weights."""
         trainer = self.config.trainer
+        trainable = [rt.name for rt in self._trainable()]
         if trainer.resume_mode == "disable":
             return None
         if trainer.resume_mode == "resume_path":
-            if not isinstance(trainer.resume_from_path, str) or "global_step_" not in trainer.resume_from_path:
+            if not isinstance(trainer.resume_from_path, str) or ckpt.step_of(trainer.resume_from_path) is None:
                 raise ValueError(f"trainer.resume_from_path must name a global_step_N folder, got {trainer.resume_from_path!r}")
-            return os.path.abspath(trainer.resume_from_path)
+            return ckpt.check_resume_path(os.path.abspath(trainer.resume_from_path), trainable)
         if trainer.resume_mode != "auto":
             raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {trainer.resume_mode!r}")
-        return find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
+        return ckpt.choose_auto(os.path.abspath(trainer.default_local_dir), trainable)
 
     def _load_checkpoint(self):
         self.global_steps = 0
@@ -402,16 +414,22 @@ class MultiAgentTrainer(PPOTrainer):
         if folder is None:
             logger.info("Training from scratch")
             return
-        self.global_steps = int(folder.split("global_step_")[-1])
+        marker = ckpt.read_marker(folder)
         for rt in self._trainable():
-            path = os.path.join(folder, "agents", rt.name, "actor")
-            if not os.path.isdir(path):
-                logger.warning("no checkpoint of agent %r in %s: it starts from %s", rt.name, folder, rt.config.actor_rollout_ref.model.path)
-                continue
+            path = os.path.join(folder, ckpt.actor_subdir(rt.name))
+            if (marker is not None and rt.name not in marker["agents"]) or not os.path.isdir(path):
+                raise ckpt.CheckpointError(
+                    f"{folder} has no weights of agent {rt.name!r}, which is trainable now (saved agents: "
+                    f"{marker['agents'] if marker else 'unknown'}): it was not trainable when saved. Resume with the "
+                    f"same multi_agent.agents.*.trainable, or set trainer.resume_mode=disable."
+                )
+        for rt in self._trainable():
+            path = os.path.join(folder, ckpt.actor_subdir(rt.name))
             rt.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
-        state = os.path.join(folder, "data.pt")
+        state = os.path.join(folder, ckpt.DATA)
         if os.path.exists(state):
             self.train_dataloader.load_state_dict(torch.load(state, weights_only=False))
+        self.global_steps = ckpt.step_of(folder)
         logger.info("Resumed from %s at global step %d", folder, self.global_steps)
 
 
