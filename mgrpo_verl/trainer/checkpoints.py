@@ -11,7 +11,7 @@ silently starts from base weights. Here:
 - verl's per-worker pruning is off (``max_ckpt_to_keep=None``); :func:`prune` removes whole older
   *complete* step folders once the tracker names the new one, keeping the newest ``keep``;
 - resume considers complete folders only (:func:`missing_parts`); folders from before the marker existed
-  count as complete when every trainable agent's actor folder is there.
+  count as complete when every trainable agent's actor folder, ``data.pt`` and ``agents.json`` are there.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def missing_parts(folder: str, trainable: list[str]) -> list[str]:
     """What keeps ``folder`` from being a complete checkpoint (empty list: complete).
 
     With a marker: the parts it vouches for (``agents.json``, ``data.pt``, each saved agent's actor).
-    Without one (folders saved before the marker existed): each of ``trainable``'s actor folders."""
+    Without one (folders saved before the marker existed, or a save cut short): ``agents.json``, ``data.pt``
+    and each of ``trainable``'s actor folders (the old save wrote ``agents.json`` last)."""
     if not os.path.isdir(folder):
         return ["the folder itself"]
     if os.path.exists(os.path.join(folder, MARKER)):
@@ -91,8 +92,9 @@ def missing_parts(folder: str, trainable: list[str]) -> list[str]:
             return [f"a readable {MARKER}"]
         parts = [MANIFEST, DATA, *(actor_subdir(a) for a in marker["agents"])]
         return [p for p in parts if not os.path.exists(os.path.join(folder, p))]
-    missing = [actor_subdir(a) for a in trainable if not os.path.isdir(os.path.join(folder, actor_subdir(a)))]
-    # a folder of the old format that has every actor is complete; one that lacks some was cut short
+    # the old format wrote the actors, data.pt, agents.json in that order: all there means complete
+    parts = [MANIFEST, DATA, *(actor_subdir(a) for a in trainable)]
+    missing = [p for p in parts if not os.path.exists(os.path.join(folder, p))]
     return missing and [MARKER, *missing]
 
 
