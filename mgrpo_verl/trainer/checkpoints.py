@@ -83,7 +83,8 @@ def missing_parts(folder: str, trainable: list[str]) -> list[str]:
 
     With a marker: the parts it vouches for (``agents.json``, ``data.pt``, each saved agent's actor).
     Without one (folders saved before the marker existed, or a save cut short): ``agents.json``, ``data.pt``
-    and each of ``trainable``'s actor folders (the old save wrote ``agents.json`` last)."""
+    and the actor folder of each of ``trainable`` that ``agents.json`` does not list as frozen (the old save
+    wrote ``agents.json`` last)."""
     if not os.path.isdir(folder):
         return ["the folder itself"]
     if os.path.exists(os.path.join(folder, MARKER)):
@@ -93,9 +94,22 @@ def missing_parts(folder: str, trainable: list[str]) -> list[str]:
         parts = [MANIFEST, DATA, *(actor_subdir(a) for a in marker["agents"])]
         return [p for p in parts if not os.path.exists(os.path.join(folder, p))]
     # the old format wrote the actors, data.pt, agents.json in that order: all there means complete
-    parts = [MANIFEST, DATA, *(actor_subdir(a) for a in trainable)]
+    frozen = frozen_when_saved(folder)
+    parts = [MANIFEST, DATA, *(actor_subdir(a) for a in trainable if a not in frozen)]
     missing = [p for p in parts if not os.path.exists(os.path.join(folder, p))]
     return missing and [MARKER, *missing]
+
+
+def frozen_when_saved(folder: str) -> set[str]:
+    """Agents that ``folder``'s ``agents.json`` lists as not trainable (their weights were the model path's)."""
+    try:
+        with open(os.path.join(folder, MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(manifest, dict):
+        return set()
+    return {name for name, entry in manifest.items() if isinstance(entry, dict) and entry.get("trainable") is False}
 
 
 def step_folders(root: str) -> dict[int, str]:

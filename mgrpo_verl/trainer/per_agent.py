@@ -414,17 +414,21 @@ class MultiAgentTrainer(PPOTrainer):
         if folder is None:
             logger.info("Training from scratch")
             return
-        marker = ckpt.read_marker(folder)
+        marker, frozen = ckpt.read_marker(folder), ckpt.frozen_when_saved(folder)
+        load = []
         for rt in self._trainable():
             path = os.path.join(folder, ckpt.actor_subdir(rt.name))
-            if (marker is not None and rt.name not in marker["agents"]) or not os.path.isdir(path):
+            if (marker is None or rt.name in marker["agents"]) and os.path.isdir(path):
+                load.append((rt, path))
+            elif rt.name in frozen:  # its weights at that step were its model path's: nothing is lost
+                logger.warning("agent %r was frozen at %s: it starts from %s", rt.name, folder, rt.config.actor_rollout_ref.model.path)
+            else:
                 raise ckpt.CheckpointError(
-                    f"{folder} has no weights of agent {rt.name!r}, which is trainable now (saved agents: "
-                    f"{marker['agents'] if marker else 'unknown'}): it was not trainable when saved. Resume with the "
-                    f"same multi_agent.agents.*.trainable, or set trainer.resume_mode=disable."
+                    f"{folder} has no weights of agent {rt.name!r}, which is trainable now, and its agents.json does "
+                    f"not list it as frozen (saved: {marker['agents'] if marker else 'unknown'}). Resume with the "
+                    "agents of that run, or set trainer.resume_mode=disable."
                 )
-        for rt in self._trainable():
-            path = os.path.join(folder, ckpt.actor_subdir(rt.name))
+        for rt, path in load:
             rt.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
         state = os.path.join(folder, ckpt.DATA)
         if os.path.exists(state):

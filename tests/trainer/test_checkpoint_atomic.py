@@ -347,9 +347,21 @@ def test_folders_without_marker_count_when_every_trainable_actor_is_there(tmp_pa
     # the same folder is complete for a run in which sub is frozen
     frozen = resume(tmp_path, frozen=("sub",))
     assert loaded(frozen) == {**expect_loaded(tmp_path, 2, ("main",)), "sub": []}
+    # and for any run when its agents.json says sub was frozen then
+    (tmp_path / "global_step_2" / "agents.json").write_text(json.dumps({"main": {"trainable": True}, "sub": {"trainable": False}}))
+    assert loaded(resume(tmp_path)) == {**expect_loaded(tmp_path, 2, ("main",)), "sub": []}
 
 
-def test_agent_trainable_now_but_not_saved_raises(tmp_path):
+def test_agent_frozen_when_saved_and_trainable_now_starts_from_its_model(tmp_path, caplog):
     save_steps(make_trainer(tmp_path, frozen=("sub",)), [1])
-    with pytest.raises(ckpt.CheckpointError, match=r"no weights of agent 'sub'.*saved agents: \['main'\]"):
+    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.trainer.per_agent"):
+        trainer = resume(tmp_path)
+    assert loaded(trainer) == {**expect_loaded(tmp_path, 1, ("main",)), "sub": []} and trainer.global_steps == 1
+    assert any("'sub' was frozen" in r.getMessage() and "/models/sub" in r.getMessage() for r in caplog.records)
+
+
+def test_agent_unknown_to_the_checkpoint_raises(tmp_path):
+    save_steps(make_trainer(tmp_path, agents=("main",)), [1])
+    with pytest.raises(ckpt.CheckpointError, match=r"no weights of agent 'sub'.*saved: \['main'\]"):
         resume(tmp_path)
+    assert resume(tmp_path, resume_mode="disable").global_steps == 0
