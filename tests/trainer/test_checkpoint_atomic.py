@@ -225,10 +225,13 @@ def test_resumed_run_replaces_the_partial_folder_and_prunes_after_the_tracker(tm
 # --------------------------------------------------------------------------------------------- tracker
 
 
-@pytest.mark.parametrize("content", ["", "\n", "two", "3x"])
-def test_empty_or_garbage_tracker_falls_back_to_the_newest_complete_step(tmp_path, content, caplog):
+@pytest.mark.parametrize("content", ["", "\n", "two", "3x", None])
+def test_empty_garbage_or_missing_tracker_falls_back_to_the_newest_complete_step(tmp_path, content, caplog):
     save_steps(make_trainer(tmp_path), [1, 2])
-    (tmp_path / "latest_checkpointed_iteration.txt").write_text(content)
+    if content is None:
+        (tmp_path / "latest_checkpointed_iteration.txt").unlink()
+    else:
+        (tmp_path / "latest_checkpointed_iteration.txt").write_text(content)
     with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
         trainer = resume(tmp_path)
     assert loaded(trainer) == expect_loaded(tmp_path, 2) and trainer.global_steps == 2
