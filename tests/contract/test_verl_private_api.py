@@ -173,7 +173,8 @@ SEAMS: tuple[Seam, ...] = (
     # ---- PPOTrainer: checkpoints, rewritten per agent
     Seam(f"{TRAINER_BASE}:PPOTrainer._save_checkpoint", (PER_AGENT,),
          "overridden: one actor checkpoint per trainable agent under agents/<name>/actor, data.pt, "
-         "latest_checkpointed_iteration.txt last, checkpoint_callback.on_save",
+         "agents.json, completion marker, tracker (atomic), checkpoint_callback.on_save, then pruning of whole "
+         "complete step folders (verl's max_ckpt_to_keep is not passed: mgrpo_verl/trainer/checkpoints.py)",
          params=("self",), overrides=("mgrpo_verl.trainer.per_agent:MultiAgentTrainer._save_checkpoint",),
          sha256="8c2435b577e54f19ab6012e1eb5f44f01e6c8f4dd6380467914cb6afb9ab9d23",
          recheck="MultiAgentTrainer._save_checkpoint: anything verl now saves (new state, file names, callback "
