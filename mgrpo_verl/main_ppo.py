@@ -30,7 +30,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mgrpo_verl.config.resolvers import register_resolvers, uses_cpu
-from mgrpo_verl.trainer.multi_agent_config import multi_agent_enabled, parse_multi_agent
+from mgrpo_verl.trainer.multi_agent_config import check_model_paths, check_rollout_n, multi_agent_enabled, parse_multi_agent
 from mgrpo_verl.trainer.memory import preflight
 
 register_resolvers()
@@ -135,6 +135,7 @@ def run(config: DictConfig) -> dict[str, Any]:
 
     check_rollout_engines(config)
     OmegaConf.resolve(config)
+    check_rollout_n(config)  # verl takes n <= 0 and fails minutes later in the replay buffer
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if not config.trainer.use_v1:
         raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")
@@ -142,8 +143,15 @@ def run(config: DictConfig) -> dict[str, Any]:
     if multi_agent_enabled(config):
         # every error in the multi_agent section surfaces here, before Ray starts
         ma = parse_multi_agent(config)
+        check_model_paths(config, ma)
+        if ma.decoupled.role is not None:
+            from mgrpo_verl.store.base import check_store_reachable
+
+            check_store_reachable(ma.decoupled.store, "multi_agent.decoupled.store")
         preflight(config)  # a layout that cannot fit in GPU memory, refused with the figures
         reward_key = f"agent/{ma.decoupled.train_agent if ma.decoupled.role == 'sub' else ma.main}/score/mean"
+    else:
+        check_model_paths(config)
 
     metrics_file = Path(config.mgrpo_verl.metrics_file).absolute()
     metrics_file.parent.mkdir(parents=True, exist_ok=True)

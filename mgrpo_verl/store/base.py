@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 #: Largest ``extra`` a record may carry, as compact JSON (bytes): the store is for small statistics,
 #: not for tensors or texts.
@@ -493,3 +493,27 @@ def open_store(url: str) -> StatStore:
         f"open_store: unsupported url {url!r} (scheme {scheme}); expected one of "
         "sqlite:///abs/path.db, sqlite://relative/path.db, redis://host:port/db, rediss://host:port/db"
     )
+
+
+def check_store_reachable(url: str, key: str, timeout_s: float = 2.0) -> None:
+    """Open the store at ``url`` and close it again, before a trainer starts Ray: ``ValueError`` naming ``key`` and
+    the url when it cannot be opened (an SQLite file in a missing directory, a Redis server that refuses or does
+    not answer within ``timeout_s``). A Redis url without ``socket_connect_timeout`` / ``socket_timeout`` gets
+    ``timeout_s`` for this probe only (redis-py waits for ever by default); its durability warning is left to the
+    trainer's own open."""
+    import warnings
+
+    probe = url
+    if isinstance(url, str) and url.startswith(("redis://", "rediss://")):
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        names = {name for name, _ in query}
+        query += [(name, str(timeout_s)) for name in ("socket_connect_timeout", "socket_timeout") if name not in names]
+        probe = parts._replace(query=urlencode(query)).geturl()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            store = open_store(probe)
+    except Exception as err:  # noqa: BLE001 - every reason the store cannot open is a config error here
+        raise ValueError(f"{key}={url!r}: cannot open the statistics store: {err}") from err
+    store.close()

@@ -93,30 +93,36 @@ class SQLiteStatStore(StatStore):
             raise ValueError(f"SQLiteStatStore: directory {parent!r} does not exist")
         self._lock = threading.Lock()
         # isolation_level=None: no implicit transactions, we BEGIN/COMMIT ourselves.
-        self._conn = sqlite3.connect(
-            self.path, timeout=busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
-        )
+        with self._named_errors():
+            self._conn = sqlite3.connect(
+                self.path, timeout=busy_timeout_ms / 1000.0, isolation_level=None, check_same_thread=False
+            )
         try:
-            self._conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise RuntimeError(f"SQLiteStatStore: {self.path!r} cannot use WAL journal mode (got {mode!r})")
-            self._conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-            with self._write() as cur:
-                version = cur.execute("PRAGMA user_version").fetchone()[0]
-                if version > SCHEMA_VERSION:
-                    raise RuntimeError(
-                        f"SQLiteStatStore: {self.path!r} has schema version {version}, newer than this code's "
-                        f"{SCHEMA_VERSION}; upgrade mgrpo_verl"
-                    )
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        cur.execute(statement)
-                if version < SCHEMA_VERSION:
-                    cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            with self._named_errors():
+                self._init_schema(synchronous, busy_timeout_ms)
         except BaseException:
             self._conn.close()
             raise
+
+    def _init_schema(self, synchronous: str, busy_timeout_ms: int) -> None:
+        """Pragmas, WAL mode and the tables (created if absent), on the new connection."""
+        self._conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
+        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise RuntimeError(f"SQLiteStatStore: {self.path!r} cannot use WAL journal mode (got {mode!r})")
+        self._conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        with self._write() as cur:
+            version = cur.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"SQLiteStatStore: {self.path!r} has schema version {version}, newer than this code's "
+                    f"{SCHEMA_VERSION}; upgrade mgrpo_verl"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    cur.execute(statement)
+            if version < SCHEMA_VERSION:
+                cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @classmethod
     def from_url(cls, url: str) -> "SQLiteStatStore":
@@ -138,10 +144,25 @@ class SQLiteStatStore(StatStore):
 
     # ------------------------------------------------------------------------------- plumbing
     @contextmanager
+    def _named_errors(self) -> Iterator[None]:
+        """SQLite's own errors ("file is not a database", "database disk image is malformed") do not say
+        which file: re-raised as the same class with the path in front, the original chained."""
+        try:
+            yield
+        except sqlite3.Error as err:
+            if str(err).startswith(f"SQLiteStatStore {self.path}:"):
+                raise
+            named = type(err)(f"SQLiteStatStore {self.path}: {err}")
+            for attr in ("sqlite_errorcode", "sqlite_errorname"):
+                if hasattr(err, attr):
+                    setattr(named, attr, getattr(err, attr))
+            raise named from err
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Cursor]:
         """One write transaction, holding SQLite's write lock from the start (``BEGIN IMMEDIATE``), so
         what it reads cannot change before it commits."""
-        with self._lock:
+        with self._named_errors(), self._lock:
             cur = self._conn.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
@@ -153,7 +174,7 @@ class SQLiteStatStore(StatStore):
 
     def _read(self, sql: str, params: Sequence) -> list[tuple]:
         self._check_usable()
-        with self._lock:
+        with self._named_errors(), self._lock:
             return self._conn.execute(sql, params).fetchall()
 
     # -------------------------------------------------------------------------------- records

@@ -119,6 +119,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -693,6 +694,7 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
     if placement == "shared":
         _check_shared_engines(config, owners)
     # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
+    check_override_keys(config, [s for s in ordered if s.owns_model])  # every side's agents: one shared config
     _check_agent_overrides(config, owners, rows_per_prompt=magrpo.num_generations if algorithm == "magrpo" else 1)
 
     return MultiAgentConfig(
@@ -1093,4 +1095,164 @@ def _check_agent_overrides(config: DictConfig, owners: list[AgentSpec], rows_per
                 f"{path}.rollout.n makes actor_rollout_ref.rollout.n {n!r} for agent {spec.name!r} but the top-level "
                 f"one is {top_n!r}: every agent must use the same n, because sub-agent rows are grouped with their "
                 f"parents' rollouts"
+            )
+
+
+# ----------------------------------------------------------------------------------------------------
+# fail-fast checks of the rest of the run's config, called before Ray starts (mgrpo_verl.main_ppo.run)
+
+GROUP_RELATIVE_ESTIMATORS = ("grpo", "grpo_vectorized", "mgrpo")
+"""Top-level ``algorithm.adv_estimator`` values whose baseline is the mean score of a prompt's n responses."""
+
+
+def check_rollout_n(config: DictConfig) -> None:
+    """``actor_rollout_ref.rollout.n`` is an int >= 1 (verl takes 0 or a negative n and fails minutes later in
+    the replay buffer). n = 1 with a group-relative estimator is allowed with a warning, not refused: verl's
+    GRPO (and our M-GRPO) give a group of one mean 0 and std 1, so the advantage is the raw score (no
+    baseline); MAGRPO requires n = 1, and M-GRPO's sub-agent groups can still have several members."""
+    n = _select(config, "actor_rollout_ref.rollout.n")
+    if not _is_int(n) or n < 1:
+        raise ValueError(f"actor_rollout_ref.rollout.n must be an int >= 1 (responses per prompt), got {n!r}")
+    if n > 1:
+        return
+    if multi_agent_enabled(config):
+        algorithm = _select(config, "multi_agent.algorithm") or "mgrpo"
+        relative = algorithm in ("mgrpo", "grpo")
+        what = f"multi_agent.algorithm={algorithm}"
+    else:
+        estimator = _select(config, "algorithm.adv_estimator")
+        relative = estimator in GROUP_RELATIVE_ESTIMATORS
+        what = f"algorithm.adv_estimator={estimator}"
+    if relative:
+        logger.warning(
+            "actor_rollout_ref.rollout.n=1 with %s: each prompt's group has one response, whose advantage is then its "
+            "raw score (group mean 0, std 1, as in verl's GRPO) instead of a score relative to the group; use n >= 2 "
+            "for group-relative advantages", what,
+        )
+
+
+def _hub_id(value: str) -> bool:
+    """Whether ``value`` is a valid Hugging Face repo id (``name`` or ``org/name``); checked offline."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _check_model_location(key: str, value: Any, required: bool) -> None:
+    """A model / tokenizer location verl can open: an existing local path, an ``hdfs://`` path or a hub id. verl
+    finds a bad one only when its workers load the model; we never contact the hub here."""
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key} must be a local path or a Hugging Face repo id, got {value!r}")
+    if value.startswith("hdfs://"):
+        return
+    if value.endswith("/") and len(value) > 1:
+        raise ValueError(f"{key}={value!r}: remove the trailing '/' (verl refuses model paths that end with one)")
+    if os.path.exists(value) or _hub_id(value):
+        return
+    hint = ""
+    if value.startswith("~") and os.path.exists(os.path.expanduser(value)):
+        hint = f"; verl does not expand '~': use {os.path.expanduser(value)!r}"
+    raise ValueError(
+        f"{key}={value!r}: no such local path, and not a Hugging Face repo id ('name' or 'org/name') either{hint}"
+    )
+
+
+def check_model_paths(config: DictConfig, ma: Optional[MultiAgentConfig] = None) -> None:
+    """``actor_rollout_ref.model.path`` / ``tokenizer_path`` at the top level and, for every model owner of ``ma``,
+    the ones its ``multi_agent.agents.<name>.actor_rollout_ref`` overrides set. Reads resolved values (call it
+    after ``OmegaConf.resolve``, which builds the built-in models)."""
+    for leaf, required in (("path", True), ("tokenizer_path", False)):
+        key = f"actor_rollout_ref.model.{leaf}"
+        _check_model_location(key, _select(config, key), required)
+    for spec in (ma.model_owners if ma is not None else ()):
+        model = spec.actor_rollout_ref.get("model")
+        if not isinstance(model, Mapping):
+            continue
+        for leaf in ("path", "tokenizer_path"):
+            if leaf in model:
+                key = f"multi_agent.agents.{spec.name}.actor_rollout_ref.model.{leaf}"
+                _check_model_location(key, _select(config, key), leaf == "path")
+
+
+def _schema_class(target: Any) -> Optional[type]:
+    if not isinstance(target, str) or not target:
+        return None
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(target)
+    except Exception:  # noqa: BLE001 - an unknown _target_ is verl's to report; we only check keys
+        return None
+    return cls if dataclasses.is_dataclass(cls) else None
+
+
+def _dataclass_of(annotation: Any) -> Optional[type]:
+    """The dataclass in a field's annotation (``X``, ``Optional[X]``), or ``None``."""
+    import typing
+
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        return annotation
+    found = [a for a in typing.get_args(annotation) if dataclasses.is_dataclass(a) and isinstance(a, type)]
+    return found[0] if len(found) == 1 else None
+
+
+def _unknown_keys(override: Mapping, cls: Optional[type], schema: Any, path: str) -> list[tuple[str, list[str]]]:
+    """Keys of ``override`` that neither the dataclass ``cls`` nor the mapping ``schema`` (the same section of the
+    top-level config, whose keys verl accepts) has, each with the keys there are. Sections are typed by their
+    ``_target_`` (the override's, else the top-level one), else by the field's annotation; untyped mappings (``Dict``
+    fields) are free."""
+    import typing
+
+    if cls is not None:
+        allowed = [f.name for f in dataclasses.fields(cls)] + ["_target_"]
+        allowed += [k for k in (schema.keys() if isinstance(schema, Mapping) else ()) if k not in allowed]
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:  # noqa: BLE001 - unresolvable annotations: do not descend by annotation
+            hints = {}
+    else:
+        allowed, hints = list(schema.keys()), {}
+    bad: list[tuple[str, list[str]]] = []
+    for key, value in override.items():
+        if key not in allowed:
+            bad.append((f"{path}.{key}", allowed))
+            continue
+        if not isinstance(value, Mapping):
+            continue
+        child_schema = schema.get(key) if isinstance(schema, Mapping) else None
+        target = value.get("_target_") or (child_schema.get("_target_") if isinstance(child_schema, Mapping) else None)
+        child_cls = _schema_class(target) or _dataclass_of(hints.get(key))
+        if child_cls is not None:
+            bad += _unknown_keys(value, child_cls, child_schema, f"{path}.{key}")
+    return bad
+
+
+def check_override_keys(config: DictConfig, owners: Any = ()) -> None:
+    """Every key of each owner's ``multi_agent.agents.<name>.actor_rollout_ref`` exists in the top-level
+    ``actor_rollout_ref`` or in verl's dataclass of its section (named by the section's ``_target_``), so a typo is
+    refused naming the full key, instead of when verl builds its dataclasses in a Ray worker a minute later (Hydra
+    already refuses a typo at the top level). Values are not resolved nor type-checked (verl does that)."""
+    import difflib
+
+    top = OmegaConf.select(config, "actor_rollout_ref", default=None, throw_on_missing=False)
+    if not OmegaConf.is_config(top):
+        return
+    schema = OmegaConf.to_container(top, resolve=False)
+    sources = [(f"multi_agent.agents.{s.name}.actor_rollout_ref", s.actor_rollout_ref) for s in owners if s.actor_rollout_ref]
+    for path, override in sources:
+        bad = _unknown_keys(override, None, schema, path)
+        if bad:
+            key, allowed = bad[0]
+            leaf = key.rsplit(".", 1)[1]
+            close = difflib.get_close_matches(leaf, [a for a in allowed if a != "_target_"], n=1)
+            value = OmegaConf.select(config, key, default=None, throw_on_missing=False, throw_on_resolution_failure=False)
+            raise ValueError(
+                f"{key}={value!r}: unknown key, verl's config has no {leaf!r} there"
+                + (f" (did you mean {close[0]!r}?)" if close else f"; its keys are {sorted(allowed)}")
             )

@@ -1,0 +1,204 @@
+"""Bad values of the default config are refused by ``mgrpo_verl.main_ppo.run`` before Ray starts, in seconds,
+with a message naming the key and the value (without the checks each one failed 50-210 s later, inside Ray).
+
+Each case composes ``mgrpo_trainer`` with Hydra as ``python -m mgrpo_verl.main_ppo`` does, runs ``run(config)``
+with verl's ``run_ppo`` replaced by a sentinel (reaching it means every check passed), and asserts that Ray was
+never initialized. The time bound is generous (10 s; the checks themselves take well under a second once the
+modules are imported)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from hydra import compose, initialize_config_module
+
+import verl.trainer.main_ppo  # imported once here, so that the timed calls measure the checks, not the imports
+
+from mgrpo_verl import main_ppo
+from mgrpo_verl.config.resolvers import register_resolvers
+from mgrpo_verl.trainer.multi_agent_config import check_model_paths, parse_multi_agent
+
+register_resolvers()
+
+REPO = Path(__file__).resolve().parents[2]
+BOUND_S = 10.0
+SUB_SIDE = ("multi_agent.decoupled.role=sub", "trainer.val_before_train=false", "trainer.test_freq=-1")
+
+
+class ReachedRay(Exception):
+    """verl's run_ppo was called: every check before Ray passed."""
+
+
+def _compose(*overrides: str, tmp_path: Path):
+    with initialize_config_module("mgrpo_verl.config", version_base=None):
+        return compose("mgrpo_trainer", overrides=[f"trainer.default_local_dir={tmp_path}", *overrides])
+
+
+@pytest.fixture
+def run(monkeypatch, tmp_path):
+    """``run(*overrides)``: compose and run; returns the exception raised and the seconds ``run`` took."""
+
+    def reached(*args, **kwargs):
+        raise ReachedRay()
+
+    monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo", reached)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id passes our checks; nothing may download it
+
+    def call(*overrides: str) -> tuple[BaseException, float]:
+        config = _compose(*overrides, tmp_path=tmp_path)
+        start = time.monotonic()
+        with pytest.raises(BaseException) as info:
+            main_ppo.run(config)
+        seconds = time.monotonic() - start
+        assert not ray.is_initialized()
+        return info.value, seconds
+
+    return call
+
+
+def _refused(run, *overrides: str, names: tuple[str, ...]) -> str:
+    err, seconds = run(*overrides)
+    assert isinstance(err, ValueError), f"{overrides}: expected a ValueError before Ray, got {err!r}"
+    message = str(err)
+    for name in names:
+        assert name in message, f"{name!r} not in {message!r}"
+    assert seconds < BOUND_S, f"{overrides}: refused after {seconds:.1f} s"
+    return message
+
+
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_rollout_n_below_one(run, n):
+    _refused(run, f"actor_rollout_ref.rollout.n={n}", names=("actor_rollout_ref.rollout.n", n, ">= 1"))
+
+
+def test_rollout_n_one_is_a_warning_not_an_error(run, caplog):
+    """n=1: verl's GRPO gives a group of one mean 0 and std 1 (advantage = raw score), a valid if weak setting,
+    so it is allowed, with a warning (MAGRPO even requires n=1)."""
+    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.trainer.multi_agent_config"):
+        err, _ = run("actor_rollout_ref.rollout.n=1", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4")
+    assert isinstance(err, ReachedRay), err
+    assert any("rollout.n=1" in r.getMessage() and "raw score" in r.getMessage() for r in caplog.records)
+
+
+def test_default_config_reaches_ray(run):
+    """The control: the default config passes every check (so the refusals below come from the bad values)."""
+    err, seconds = run()
+    assert isinstance(err, ReachedRay), err
+    assert seconds < BOUND_S
+
+
+def test_missing_model_path(run):
+    _refused(run, "actor_rollout_ref.model.path=/nonexistent/model",
+             names=("actor_rollout_ref.model.path", "/nonexistent/model", "no such local path"))
+
+
+def test_missing_tokenizer_path(run):
+    _refused(run, "actor_rollout_ref.model.tokenizer_path=/nonexistent/tokenizer",
+             names=("actor_rollout_ref.model.tokenizer_path", "/nonexistent/tokenizer"))
+
+
+def test_missing_model_path_of_one_agent(run):
+    _refused(run, "multi_agent.agents.sub.actor_rollout_ref.model.path=/nonexistent/sub",
+             names=("multi_agent.agents.sub.actor_rollout_ref.model.path", "/nonexistent/sub"))
+
+
+def test_missing_tokenizer_path_of_one_agent(run):
+    _refused(run, "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=/nonexistent/subtok",
+             names=("multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path", "/nonexistent/subtok"))
+
+
+def test_hub_id_passes_without_contacting_the_hub(run):
+    """``org/name`` that is not a local path is a Hugging Face repo id verl may download: allowed through (with
+    HF_HUB_OFFLINE=1 set, so that nothing before Ray could have downloaded it)."""
+    err, _ = run("actor_rollout_ref.model.path=someorg/some-model",
+                 "multi_agent.agents.sub.actor_rollout_ref.model.path=someorg/other-model")
+    assert isinstance(err, ReachedRay), err
+
+
+def test_model_path_rules(tmp_path):
+    """Directly: local paths that exist, ``hdfs://`` and repo ids pass; a trailing '/', a missing absolute or
+    relative path with more than one '/', and '~' (which verl does not expand) are refused."""
+    from omegaconf import OmegaConf
+
+    def check(path, tokenizer=None):
+        check_model_paths(OmegaConf.create({"actor_rollout_ref": {"model": {"path": path, "tokenizer_path": tokenizer}}}))
+
+    for ok in (str(tmp_path), "gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "hdfs://cluster/models/x"):
+        check(ok)
+    for bad in ("/nonexistent/model", "models/nested/too/deep", f"{tmp_path}/", "~/models/x", "", None, "a b/c"):
+        with pytest.raises(ValueError, match="actor_rollout_ref.model.path"):
+            check(bad)
+    with pytest.raises(ValueError, match="actor_rollout_ref.model.tokenizer_path='/nope'"):
+        check(str(tmp_path), "/nope")
+
+
+def test_unknown_key_in_agent_override(run):
+    message = _refused(run, "+multi_agent.agents.sub.actor_rollout_ref.rollout.temprature=0.5",
+                       names=("multi_agent.agents.sub.actor_rollout_ref.rollout.temprature", "0.5"))
+    assert "did you mean 'temperature'" in message
+
+
+def test_unknown_nested_key_in_agent_override(run):
+    """Nested sections are checked against their own dataclass (``actor.optim`` -> verl's optimizer config)."""
+    _refused(run, "+multi_agent.agents.main.actor_rollout_ref.actor.optim.learning_rate=1e-5",
+             names=("multi_agent.agents.main.actor_rollout_ref.actor.optim.learning_rate", "1e-05"))
+    _refused(run, "+multi_agent.agents.sub.actor_rollout_ref.modle.path=x",
+             names=("multi_agent.agents.sub.actor_rollout_ref.modle", "did you mean 'model'"))
+
+
+def test_known_keys_in_agent_override_pass(tmp_path):
+    """Keys verl has (a dataclass field, a key of the top-level section, a free-form dict's entries) pass."""
+    config = _compose(
+        "+multi_agent.agents.sub.actor_rollout_ref.rollout.temperature=0.7",
+        "+multi_agent.agents.sub.actor_rollout_ref.actor.optim.lr=1e-5",
+        "+multi_agent.agents.sub.actor_rollout_ref.model.override_config.attention_dropout=0.0",
+        "+multi_agent.agents.sub.actor_rollout_ref.rollout.custom.anything=1",
+        tmp_path=tmp_path,
+    )
+    parse_multi_agent(config)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "sqlite:///nonexistent/dir/x.db"])
+def test_unreachable_store(run, url):
+    _refused(run, *SUB_SIDE, f"multi_agent.decoupled.store={url}", names=("multi_agent.decoupled.store", url))
+
+
+def test_redis_that_never_answers(run):
+    """A server that accepts the connection but never replies: refused after the probe's ~2 s time-out, not after
+    redis-py's default (none: it would wait for ever)."""
+    pytest.importorskip("redis")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        _refused(run, *SUB_SIDE, f"multi_agent.decoupled.store={url}", names=("multi_agent.decoupled.store", url))
+
+
+def test_reachable_sqlite_store_passes(run, tmp_path):
+    err, _ = run(*SUB_SIDE, f"multi_agent.decoupled.store=sqlite://{tmp_path}/stats.db")
+    assert isinstance(err, ReachedRay), err
+
+
+def test_main_ppo_process_refuses_rollout_n_zero(tmp_path):
+    """The real command line: exits non-zero, names the key and value, in well under a minute (the interpreter's
+    start and imports dominate)."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mgrpo_verl.main_ppo", "actor_rollout_ref.rollout.n=0",
+         f"trainer.default_local_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    seconds = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert "actor_rollout_ref.rollout.n must be an int >= 1" in output and "got 0" in output, output[-3000:]
+    assert "Started a local Ray instance" not in output and "ray.init" not in output
+    assert seconds < 30, f"refused after {seconds:.1f} s"
