@@ -497,23 +497,38 @@ def open_store(url: str) -> StatStore:
 
 def check_store_reachable(url: str, key: str, timeout_s: float = 2.0) -> None:
     """Open the store at ``url`` and close it again, before a trainer starts Ray: ``ValueError`` naming ``key`` and
-    the url when it cannot be opened (an SQLite file in a missing directory, a Redis server that refuses or does
-    not answer within ``timeout_s``). A Redis url without ``socket_connect_timeout`` / ``socket_timeout`` gets
-    ``timeout_s`` for this probe only (redis-py waits for ever by default); its durability warning is left to the
-    trainer's own open."""
+    the url when it cannot be opened (an SQLite file in a missing directory or not a database, a Redis server that
+    refuses or does not answer). A Redis url without ``socket_connect_timeout`` / ``socket_timeout`` gets
+    ``timeout_s`` for this probe only (redis-py waits for ever by default), and the probe gives up after
+    ``2 * timeout_s + 1`` s whatever redis-py's retries do. The durability warning is left to the trainer's own open."""
+    import threading
     import warnings
 
-    probe = url
+    probe, deadline = url, None
     if isinstance(url, str) and url.startswith(("redis://", "rediss://")):
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
         names = {name for name, _ in query}
         query += [(name, str(timeout_s)) for name in ("socket_connect_timeout", "socket_timeout") if name not in names]
-        probe = parts._replace(query=urlencode(query)).geturl()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            store = open_store(probe)
-    except Exception as err:  # noqa: BLE001 - every reason the store cannot open is a config error here
+        probe, deadline = parts._replace(query=urlencode(query)).geturl(), 2 * timeout_s + 1
+    outcome: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                store = open_store(probe)
+        except Exception as err:  # noqa: BLE001 - every reason the store cannot open is a config error here
+            outcome["error"] = err
+            return
+        store.close()
+        outcome["ok"] = True
+
+    thread = threading.Thread(target=attempt, name="mgrpo-store-probe", daemon=True)
+    thread.start()
+    thread.join(deadline)
+    if thread.is_alive():
+        raise ValueError(f"{key}={url!r}: the store did not answer within {deadline:g} s")
+    if "error" in outcome:
+        err = outcome["error"]
         raise ValueError(f"{key}={url!r}: cannot open the statistics store: {err}") from err
-    store.close()

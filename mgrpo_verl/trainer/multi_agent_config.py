@@ -97,8 +97,8 @@ What every key means, and why it exists:
         ``placement: separate``.
     ``actor_rollout_ref`` (default ``{}``)
         Overrides merged onto the top-level ``actor_rollout_ref`` for this agent (model path, lr,
-        ``rollout.response_length``, ...). Keys verl's typed configs do not have are rejected later,
-        when verl builds its dataclasses. ``rollout.n`` cannot differ from the top-level one, because
+        ``rollout.response_length``, ...). Keys verl's typed configs do not have are rejected here,
+        naming the full key (:func:`check_override_keys`). ``rollout.n`` cannot differ from the top-level one, because
         sub-agent rows are grouped with their parents' rollouts.
 
 Multi-agent mode does not support some verl features (each rejected with its own message):

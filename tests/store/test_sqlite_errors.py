@@ -54,3 +54,21 @@ def test_store_probe_names_key_and_url(tmp_path):
     check_store_reachable(good, key)  # opens (creating the file) and closes
     with open_store(good) as store:
         assert store.count() == 0
+
+
+def test_store_probe_gives_up_on_a_silent_redis_whatever_the_url_timeouts(tmp_path):
+    """A server that accepts connections and never replies, with the url's own (long) socket time-outs, which the
+    probe keeps: it still gives up after 2 * timeout_s + 1 s instead of waiting out redis-py's retries."""
+    import socket
+    import time
+
+    pytest.importorskip("redis")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0?socket_timeout=30&socket_connect_timeout=30"
+        start = time.monotonic()
+        with pytest.raises(ValueError, match=r"did not answer within 2 s") as info:
+            check_store_reachable(url, "multi_agent.decoupled.store", timeout_s=0.5)
+        assert time.monotonic() - start < 10
+    assert f"multi_agent.decoupled.store={url!r}" in str(info.value)
