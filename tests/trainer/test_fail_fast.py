@@ -166,6 +166,38 @@ def test_known_keys_in_agent_override_pass(tmp_path):
     parse_multi_agent(config)
 
 
+def test_every_top_level_key_is_accepted_as_an_agent_override(tmp_path):
+    """No false positives: each leaf of the composed top-level ``actor_rollout_ref`` (420-odd keys, some of them
+    not fields of verl's dataclasses, e.g. ``ref.log_prob_micro_batch_size``), and the whole section at once,
+    pass as one agent's override."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from mgrpo_verl.trainer.multi_agent_config import check_override_keys
+
+    config = _compose(tmp_path=tmp_path)
+    top = OmegaConf.to_container(config.actor_rollout_ref, resolve=False)
+
+    def leaves(node, prefix=()):
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                yield from leaves(value, prefix + (key,))
+            else:
+                yield prefix + (key,), value
+
+    count = 0
+    for path, value in leaves(top):
+        override = cursor = {}
+        for key in path[:-1]:
+            cursor = cursor.setdefault(key, {})
+        cursor[path[-1]] = value
+        check_override_keys(config, [SimpleNamespace(name="sub", actor_rollout_ref=override)])
+        count += 1
+    check_override_keys(config, [SimpleNamespace(name="sub", actor_rollout_ref=top)])
+    assert count > 100
+
+
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:1/0", "sqlite:///nonexistent/dir/x.db"])
 def test_unreachable_store(run, url):
     _refused(run, *SUB_SIDE, f"multi_agent.decoupled.store={url}", names=("multi_agent.decoupled.store", url))
