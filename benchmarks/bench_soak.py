@@ -80,10 +80,12 @@ def slope_per_100(points: list[tuple[float, float]]) -> float:
 def summarize(samples: list[dict], step_times: dict[int, float], warmup: int) -> dict:
     """Growth per 100 steps of the last sample of each step after ``warmup``; step-time ratio last / first
     tenth after the warm-up."""
+    final = max((s["step"] for s in samples), default=0)
     by_step: dict[int, dict] = {}
     for s in samples:
-        if s["step"] > warmup:
-            by_step[s["step"]] = s  # the last sample of each step
+        # the last sample of each step; the final step's samples are the shutdown (processes exiting)
+        if warmup < s["step"] < final:
+            by_step[s["step"]] = s
     steps = sorted(by_step)
     timed = sorted(k for k in step_times if k > warmup)
     tenth = max(1, len(timed) // 10)
@@ -111,7 +113,13 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--out", type=Path, default=None, help="write samples and summary as JSON")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for main_ppo")
+    parser.add_argument("--report", type=Path, default=None, help="only summarise the JSON of an earlier --out")
     args = parser.parse_args()
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        times = {int(k): v for k, v in saved["step_times"].items()}
+        print_summary(summarize(saved["samples"], times, args.warmup), len(saved["samples"]), args, wall=None)
+        return
     if args.steps <= args.warmup + 1:
         sys.exit(f"--steps ({args.steps}) must exceed --warmup + 1 ({args.warmup + 1})")
 
@@ -158,7 +166,14 @@ def main() -> None:
                 step_times[int(record["step"])] = record["data"]["timing_s/step"]
 
     summary = summarize(samples, step_times, args.warmup)
-    print(f"soak: default multi-agent job, {args.steps} steps in {wall:.0f} s, {len(samples)} samples "
+    print_summary(summary, len(samples), args, wall)
+    if args.out:
+        args.out.write_text(json.dumps({"summary": summary, "samples": samples, "step_times": step_times}, indent=1))
+
+
+def print_summary(summary: dict, n_samples: int, args: argparse.Namespace, wall: float | None) -> None:
+    took = f" in {wall:.0f} s" if wall is not None else ""
+    print(f"soak: default multi-agent job, {args.steps} steps{took}, {n_samples} samples "
           f"every {args.interval:g} s; after a {args.warmup}-step warm-up:")
     print("| quantity | first | last | growth per 100 steps |")
     print("|---|---:|---:|---:|")
@@ -169,8 +184,6 @@ def main() -> None:
     print(f"| step time (s, median of a tenth) | {summary['step_s_first_tenth']:.2f} | "
           f"{summary['step_s_last_tenth']:.2f} | ratio last/first {summary['step_time_ratio_last_vs_first']:.2f} |")
     print(f"peak whole-tree PSS {summary['tree_pss_peak_mib']:.0f} MiB")
-    if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "samples": samples, "step_times": step_times}, indent=1))
 
 
 if __name__ == "__main__":

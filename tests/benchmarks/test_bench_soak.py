@@ -23,6 +23,8 @@ def test_growth_and_step_time_ratio():
     for step in range(1, 13):
         samples.append({"step": step, "driver": 300.0, "tree": 0.0})
         samples.append({"step": step, "driver": 300.0, "tree": 1000.0 + 2 * step})
+    # the final step (13) is the shutdown: its samples (processes exiting) are left out
+    samples.append({"step": 13, "driver": 450.0, "tree": 450.0})
     # step times after the warm-up: steps 3..12 (10 steps), a tenth = 1 step: first 1.0 s (step 3), last 1.5 s
     times = {1: 9.0, 2: 9.0, **{k: 1.0 for k in range(3, 12)}, 12: 1.5}
     out = soak.summarize(samples, times, warmup=2)
