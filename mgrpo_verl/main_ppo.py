@@ -145,7 +145,7 @@ def run(config: DictConfig) -> dict[str, Any]:
         ma = parse_multi_agent(config)
         check_model_paths(config, ma)
         if ma.decoupled.role is not None:
-            from mgrpo_verl.store.base import check_store_reachable
+            from mgrpo_verl.store.factory import check_store_reachable
 
             check_store_reachable(ma.decoupled.store, "multi_agent.decoupled.store")
         preflight(config)  # a layout that cannot fit in GPU memory, refused with the figures

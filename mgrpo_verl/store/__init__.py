@@ -21,8 +21,8 @@ from mgrpo_verl.store.base import (
     StoreClosedError,
     TrajectoryStat,
     WaitResult,
-    open_store,
 )
+from mgrpo_verl.store.factory import check_store_reachable, open_store
 from mgrpo_verl.store.grouping import SubAdvantages, SubRows, sub_advantages
 
 __all__ = [

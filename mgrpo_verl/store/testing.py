@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mgrpo_verl.store.base import TrajectoryStat, open_store
+from mgrpo_verl.store.base import TrajectoryStat
+from mgrpo_verl.store.factory import open_store
 
 REDIS_INSTALL_HINT = "install it with `apt-get install -y redis-server` (Debian/Ubuntu) or `brew install redis`"
 

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from mgrpo_verl.store import TrajectoryStat, open_store
-from mgrpo_verl.store.base import check_store_reachable
+from mgrpo_verl.store.factory import check_store_reachable
 
 PAGE = 4096
 
