@@ -14,9 +14,9 @@ own "replica 0" and their servers' names would clash. Each agent's replicas ther
 ``start_rank`` and slices the agent's worker group with the local rank, and
 :class:`AgentActorRolloutRefWorker` rebuilds the adapter with verl's ``replica_rank`` argument set to
 ``offset + r`` (:func:`offset_rollout_adapter`), so server and adapter agree on everything verl derives
-from that rank: ``<backend>_server_<offset + r>_0`` and, for vLLM, the weight-sync socket
-``/tmp/rl-colocate-zmq-<job>-replica-<offset + r>-rank-<local rank>.sock`` that the vLLM worker opens from
-``VERL_REPLICA_RANK``.
+from that rank: ``<backend>_server_<offset + r>_0`` and, for vLLM, the weight-sync socket that verl names
+from the Ray job id, the replica rank ``offset + r`` and the local rank, and that the vLLM worker opens
+from ``VERL_REPLICA_RANK`` (verl's ``ServerAdapter`` / ``_get_zmq_handle``).
 
 Also here: :func:`with_agent_vllm_tokenizer` (each agent's vLLM server loads the agent's own tokenizer) and
 :func:`side_replica_offsets` (decoupled sides on one host number their replicas apart).
@@ -134,8 +134,8 @@ def side_replica_offsets(ma: "MultiAgentConfig", local_replicas: Mapping[str, in
     it can have.
 
     Differs from counting it as 0 in decoupled mode only: the two sides are separate Ray clusters, both with
-    job id ``01000000``, and vLLM's weight-sync socket path is ``/tmp/rl-colocate-zmq-<job id>-replica-<rank>
-    -rank-<local rank>.sock``; with both sides on one host, two replicas 0 would share a socket. Both sides
+    job id ``01000000``, and verl names vLLM's weight-sync socket from job id, replica rank and local rank
+    only; with both sides on one host, two replicas 0 would share a socket. Both sides
     read the same ``multi_agent.agents``, so their ranges are disjoint.
     """
     counts = {s.name: local_replicas[s.name] if s.name in local_replicas else s.n_gpus_per_node for s in ma.model_owners}
