@@ -1,13 +1,10 @@
-"""verl's FSDP engines registered for device ``cpu``, and the post-import hook that does it lazily."""
+"""verl's FSDP engines registered for device ``cpu`` (the post-import hook that does it lazily: test_import_hooks.py)."""
 
 from __future__ import annotations
 
 import sys
 
-import pytest
-
 from mgrpo_verl.platform import engines
-from mgrpo_verl.platform._import_hooks import when_imported
 
 
 def test_cpu_engines_are_verls_cuda_classes():
@@ -47,34 +44,3 @@ def test_registered_in_a_fresh_process_without_explicit_call(python_runner):
         env={"MGRPO_VERL_DEVICE": "cpu"},
     )
     assert out == {"imported_by_plugin": False, "lm": "FSDPEngineWithLMHead", "value": "FSDPEngineWithValueHead"}
-
-
-# -- the post-import hook ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def scratch_modules(tmp_path, monkeypatch):
-    pkg = tmp_path / "mgrpo_hook_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "target.py").write_text("VALUE = 41\n")
-    (pkg / "other.py").write_text("VALUE = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "mgrpo_hook_pkg"
-    for name in [n for n in sys.modules if n.startswith("mgrpo_hook_pkg")]:
-        del sys.modules[name]
-
-
-def test_hook_runs_after_import(scratch_modules):
-    seen = []
-    when_imported(f"{scratch_modules}.target", lambda m: seen.append(m.VALUE + 1))
-    assert seen == []
-    import importlib
-
-    module = importlib.import_module(f"{scratch_modules}.target")
-    assert seen == [42]
-    assert module.__loader__.get_source(module.__name__) == "VALUE = 41\n"  # loader still usable
-    importlib.import_module(f"{scratch_modules}.other")  # unwatched modules are untouched
-    assert seen == [42]
-    when_imported(f"{scratch_modules}.target", lambda m: seen.append("now"))  # already imported: runs now
-    assert seen == [42, "now"]

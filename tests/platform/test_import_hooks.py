@@ -19,6 +19,7 @@ def scratch(tmp_path, monkeypatch):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "target.py").write_text("VALUE = 41\n")
+    (pkg / "other.py").write_text("VALUE = 1\n")
     (pkg / "broken.py").write_text("raise ValueError('broken registration module')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "mgrpo_hook_fail_pkg"
@@ -107,3 +108,18 @@ def test_broken_trainer_registration_is_not_an_unknown_trainer(python_runner):
     assert first[0] == "ModuleNotFoundError" and "mgrpo_verl.trainer.per_agent" in first[1]
     assert second[0] == "PostImportHookError" and "verl.trainer.ppo.v1" in second[1]
     assert second[2:] == first[:2]
+
+
+def test_hook_runs_after_import(scratch):
+    seen = []
+    when_imported(f"{scratch}.target", lambda m: seen.append(m.VALUE + 1))
+    assert seen == []
+    import importlib
+
+    module = importlib.import_module(f"{scratch}.target")
+    assert seen == [42]
+    assert module.__loader__.get_source(module.__name__) == "VALUE = 41\n"  # loader still usable
+    importlib.import_module(f"{scratch}.other")  # unwatched modules are untouched
+    assert seen == [42]
+    when_imported(f"{scratch}.target", lambda m: seen.append("now"))  # already imported: runs now
+    assert seen == [42, "now"]
