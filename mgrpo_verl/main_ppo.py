@@ -43,8 +43,11 @@ VAL_PREFIX = "val-core/"
 @contextmanager
 def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
     """Environment for the Ray cluster verl starts. Ray is shut down on exit, whatever happened, before
-    the private temporary directory (CPU) is removed."""
+    the private temporary directory (CPU) is removed; a Ray the caller had already initialized (verl's
+    ``run_ppo`` then reuses it) is left up."""
     import ray
+
+    ours = not ray.is_initialized()
 
     from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
 
@@ -56,7 +59,7 @@ def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
         try:
             yield
         finally:
-            if ray.is_initialized():
+            if ours and ray.is_initialized():
                 ray.shutdown()
 
 

@@ -50,6 +50,8 @@ def run(monkeypatch, tmp_path):
         raise ReachedRay()
 
     monkeypatch.setattr(verl.trainer.main_ppo, "run_ppo", reached)
+    inits = []
+    monkeypatch.setattr(ray, "init", lambda *a, **k: inits.append((a, k)))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id passes our checks; nothing may download it
 
     def call(*overrides: str) -> tuple[BaseException, float]:
@@ -59,7 +61,8 @@ def run(monkeypatch, tmp_path):
         with pytest.raises(BaseException) as info:
             main_ppo.run(config)
         seconds = time.monotonic() - start
-        assert ray.is_initialized() == ray_before, "the run started Ray before refusing"
+        assert not inits, "the run called ray.init before refusing"
+        assert ray.is_initialized() == ray_before, "the run changed Ray's state (a caller's Ray stays up)"
         return info.value, seconds
 
     return call
@@ -235,3 +238,16 @@ def test_main_ppo_process_refuses_rollout_n_zero(tmp_path):
     assert "actor_rollout_ref.rollout.n must be an int >= 1" in output and "got 0" in output, output[-3000:]
     assert "Started a local Ray instance" not in output and "ray.init" not in output
     assert seconds < 30, f"refused after {seconds:.1f} s"
+
+
+@pytest.mark.parametrize("up_before", [False, True])
+def test_ray_environment_shuts_down_only_its_own_ray(monkeypatch, up_before):
+    """verl's run_ppo reuses a Ray the caller already initialized; the run must leave that one up, and shut
+    down the one it started (the state flips to up inside the block, as ray.init does)."""
+    state = {"up": up_before}
+    shutdowns = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: state["up"])
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    with main_ppo.ray_environment(on_cpu=False, env={}):
+        state["up"] = True
+    assert shutdowns == ([] if up_before else [1])
