@@ -3,7 +3,8 @@
 Hand-off latency: a writer process (the main trainer) puts main-trajectory records as they finish,
 ``--trajectories`` per step spread over ``--step-seconds`` in chunks of ``--chunk``; a poller process
 (a sub-side trainer) polls the store for the ids of the step every ``--poll-s`` seconds
-(``StatStore.get`` of the ids not seen yet, what ``wait_for_parents`` does). Latency of a record =
+(``StatStore.get`` of the ids not seen yet, as the sub-side trainer polls ``get`` for the parents of its
+pending rows, ``DecoupledSubTrainer._take_ready_rows``). Latency of a record =
 the moment the poller holds it − the moment just before the writer's ``put``. Median and p95 over all
 records of ``--steps`` steps. The reference is measured in the same run between the same two
 processes: a plain ``multiprocessing.Queue`` hand-off (push, no store, no durability, no polling).

@@ -1,10 +1,12 @@
-"""The statistics store of decoupled M-GRPO: the record type, the interface and :func:`open_store`.
+"""The statistics store of decoupled M-GRPO: the record type and the interface (backends are opened by
+:func:`mgrpo_verl.store.factory.open_store`).
 
 In decoupled mode the main-agent trainer and the sub-agent trainers run as separate processes (or
 clusters) and exchange only small per-trajectory records, :class:`TrajectoryStat`, through a shared
-store. The main side writes the main score ``s_M`` of each main trajectory; a sub side reads the
-scores of the parents of its own rows (:meth:`StatStore.wait_for_parents`) and computes its
-advantages with :func:`mgrpo_verl.store.grouping.sub_advantages`.
+store. The main side writes the main score ``s_M`` of each main trajectory; a sub side polls
+:meth:`StatStore.get` for the parents of its pending rows, reads their queries' main records
+(:meth:`StatStore.main_scores`) and computes its advantages as the synchronous trainer does
+(:mod:`mgrpo_verl.trainer.decoupled`).
 
 Guarantees every backend gives (tested on each one by ``tests/store``):
 
@@ -29,8 +31,7 @@ import abc
 import json
 import math
 import os
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import parse_qsl
@@ -188,101 +189,6 @@ class TrajectoryStat:
 _FIELD_NAMES = frozenset(f.name for f in fields(TrajectoryStat))
 
 
-@dataclass(frozen=True)
-class WaitResult:
-    """Outcome of :meth:`StatStore.wait_for_parents`.
-
-    Attributes:
-        found: id -> record of the parents present with ``policy_version >= min_policy_version``.
-        missing: ids not in the store when the wait ended (in the order asked).
-        stale: ids present but with ``policy_version < min_policy_version`` (records never change, so
-            they will never become usable).
-        waited_s: how long the call took.
-    """
-
-    found: dict[str, TrajectoryStat]
-    missing: list[str]
-    stale: list[str]
-    waited_s: float
-
-    @property
-    def complete(self) -> bool:
-        """Every parent asked for was found fresh enough."""
-        return not self.missing and not self.stale
-
-    @property
-    def unusable(self) -> list[str]:
-        """``missing + stale``: the parents a sub side has to treat as absent."""
-        return self.missing + self.stale
-
-
-MISSING_POLICIES = ("skip", "zero", "error")
-
-
-@dataclass(frozen=True)
-class DecoupledConfig:
-    """Settings of decoupled M-GRPO's statistics exchange (the sub side's view).
-
-    Built from ``None`` (defaults), an instance, or a mapping with the same keys
-    (:meth:`from_any`; unknown keys are an error, as for :class:`mgrpo_verl.MGRPOConfig`).
-    """
-
-    url: str = ""
-    """Where the store lives (:func:`open_store`): ``sqlite:///abs/path.db`` or ``redis://host:port/db``."""
-
-    wait_timeout_s: float = 60.0
-    """How long a sub side waits for the main scores of its rows' parents before applying
-    ``missing_policy`` to the rest. Bounded so that a dead main trainer stalls the sub side for at
-    most this long per step."""
-
-    poll_s: float = 0.05
-    """Polling interval of :meth:`StatStore.wait_for_parents`; the hand-off latency's floor is about
-    half of it (see docs/decoupled.md for measured figures)."""
-
-    max_policy_lag: int | None = None
-    """A parent produced by main weights more than this many versions older than the newest the sub
-    side knows of is *stale* and treated as missing. ``None``: any version is accepted."""
-
-    missing_policy: str = "skip"
-    """What a sub row whose parent is missing or stale gets (:func:`mgrpo_verl.store.grouping.sub_advantages`):
-    ``skip`` (no advantage, the row is left out of the update and counted), ``zero`` (kept with
-    advantage 0: it keeps the batch shape and adds no policy gradient) or ``error`` (raise, the
-    synchronous mode's behaviour)."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.url, str):
-            raise ValueError(f"DecoupledConfig: url must be a str, got {self.url!r}")
-        for name in ("wait_timeout_s", "poll_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"DecoupledConfig: {name} must be a finite number >= 0, got {value!r}")
-        if self.poll_s <= 0:
-            raise ValueError(f"DecoupledConfig: poll_s must be > 0, got {self.poll_s!r}")
-        lag = self.max_policy_lag
-        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 0):
-            raise ValueError(f"DecoupledConfig: max_policy_lag must be an int >= 0 or None, got {lag!r}")
-        if self.missing_policy not in MISSING_POLICIES:
-            raise ValueError(f"DecoupledConfig: unknown missing_policy {self.missing_policy!r}; expected one of {MISSING_POLICIES}")
-
-    def min_policy_version(self, current_version: int) -> int:
-        """The oldest main ``policy_version`` still usable when the newest known is ``current_version``."""
-        return 0 if self.max_policy_lag is None else max(0, current_version - self.max_policy_lag)
-
-    @classmethod
-    def from_any(cls, config: Any) -> "DecoupledConfig":
-        if config is None:
-            return cls()
-        if isinstance(config, cls):
-            return config
-        if not isinstance(config, Mapping):
-            raise TypeError(f"DecoupledConfig: expected a mapping or a DecoupledConfig, got {type(config).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config.keys()) - known)
-        if unknown:
-            raise ValueError(f"DecoupledConfig: unknown setting(s) {unknown}; known settings are {sorted(known)}")
-        return cls(**{k: config[k] for k in config.keys()})
-
-
 def unique_ids(traj_ids: Iterable[str], what: str = "traj_ids") -> list[str]:
     """The ids in first-seen order without repeats; a bare ``str`` is refused (it would iterate chars)."""
     if isinstance(traj_ids, (str, bytes)):
@@ -327,7 +233,7 @@ def dedupe_batch(stats: Sequence[TrajectoryStat]) -> list[TrajectoryStat]:
 class StatStore(abc.ABC):
     """Shared store of :class:`TrajectoryStat` records (see the module docstring for the guarantees).
 
-    Subclasses implement the abstract methods; :meth:`wait_for_parents` polls :meth:`get`.
+    Subclasses implement the abstract methods.
     """
 
     url: str = ""
@@ -384,50 +290,6 @@ class StatStore(abc.ABC):
         made in the same step as the update, this gives exactly-once use across restarts whatever the
         order of "save checkpoint" and "mark" within a step.
         """
-
-    # ---------------------------------------------------------------------------------- waiting
-    def wait_for_parents(
-        self,
-        parent_traj_ids: Iterable[str],
-        min_policy_version: int = 0,
-        timeout_s: float = 0.0,
-        poll_s: float = 0.05,
-    ) -> WaitResult:
-        """Wait until every parent is stored (or ``timeout_s`` passed) and return what is usable.
-
-        Polls :meth:`get` for the ids still absent every ``poll_s`` seconds. A parent stored with
-        ``policy_version < min_policy_version`` is *stale*: records never change, so the wait does not
-        wait for it. Returns as soon as nothing is missing; never raises on time-out (the result lists
-        what is missing). ``timeout_s = 0`` looks once.
-        """
-        ids = unique_ids(parent_traj_ids, "parent_traj_ids")
-        min_policy_version = check_step(min_policy_version, "wait_for_parents: min_policy_version")
-        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s >= 0):
-            raise ValueError(f"wait_for_parents: timeout_s must be a finite number >= 0, got {timeout_s!r}")
-        if not (isinstance(poll_s, (int, float)) and math.isfinite(poll_s) and poll_s > 0):
-            raise ValueError(f"wait_for_parents: poll_s must be a finite number > 0, got {poll_s!r}")
-        start = time.monotonic()
-        deadline = start + timeout_s
-        found: dict[str, TrajectoryStat] = {}
-        stale: set[str] = set()
-        pending = ids
-        while True:
-            for tid, stat in self.get(pending).items():
-                if stat.policy_version >= min_policy_version:
-                    found[tid] = stat
-                else:
-                    stale.add(tid)
-            pending = [t for t in pending if t not in found and t not in stale]
-            now = time.monotonic()
-            if not pending or now >= deadline:
-                break
-            time.sleep(min(poll_s, deadline - now))
-        return WaitResult(
-            found={t: found[t] for t in ids if t in found},
-            missing=pending,
-            stale=[t for t in ids if t in stale],
-            waited_s=time.monotonic() - start,
-        )
 
     # ---------------------------------------------------------------------------------- lifecycle
     def _check_usable(self) -> None:

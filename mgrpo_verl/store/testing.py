@@ -21,36 +21,6 @@ REDIS_INSTALL_HINT = "install it with `apt-get install -y redis-server` (Debian/
 
 
 # ------------------------------------------------------------------------------- synthetic records
-def synthetic_stats(
-    n_uids: int,
-    k: int = 4,
-    max_calls: int = 2,
-    sub_agents: Sequence[str] = ("sub",),
-    step: int = 0,
-    policy_version: int = 0,
-    prefix: str = "",
-    seed: int = 0,
-) -> list[TrajectoryStat]:
-    """Records of one step: ``n_uids`` queries × ``k`` main rollouts, each calling every sub-agent
-    0..``max_calls`` times. Deterministic in its arguments (a record with a given ``traj_id`` is always
-    the same), main records first in each rollout. Ids: ``{prefix}s{step}q{i}k{j}`` for mains,
-    ``...:{agent}{c}`` for sub calls."""
-    rng = random.Random(f"{seed}/{step}/{prefix}")
-    out = []
-    for q in range(n_uids):
-        uid = f"{prefix}s{step}q{q}"
-        for j in range(k):
-            main_id = f"{uid}k{j}"
-            out.append(TrajectoryStat(main_id, uid, "main", "", float(rng.randint(0, 4)) / 4, True, step, policy_version))
-            for agent in sub_agents:
-                for c in range(rng.randint(0, max_calls)):
-                    out.append(TrajectoryStat(
-                        f"{main_id}:{agent}{c}", uid, agent, main_id, round(rng.random(), 3),
-                        rng.random() < 0.9, step, policy_version,
-                    ))
-    return out
-
-
 def numbered_stats(start: int, stop: int, prefix: str = "t") -> list[TrajectoryStat]:
     """Main records ``{prefix}{i}`` for ``start <= i < stop`` (uid ``u{i // 8}``), deterministic."""
     return [TrajectoryStat(f"{prefix}{i}", f"u{i // 8}", "main", "", (i % 7) / 7.0, i % 3 != 0, i // 1000, 1) for i in range(start, stop)]

@@ -1,5 +1,5 @@
 """SQLite's errors name the database file (SQLite's own messages do not), and the pre-Ray store probe
-(:func:`mgrpo_verl.store.base.check_store_reachable`) names the config key and the url."""
+(:func:`mgrpo_verl.store.factory.check_store_reachable`) names the config key and the url."""
 
 from __future__ import annotations
 
