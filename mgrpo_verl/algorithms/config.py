@@ -3,7 +3,9 @@
 Each field is documented where it is defined, with the reason for its default. The estimators accept
 one of these dataclasses, or any mapping (a dict, an OmegaConf ``DictConfig``) with the same keys:
 :func:`MGRPOConfig.from_any` / :func:`MAGRPOConfig.from_any` convert and validate. Unknown keys are an
-error, so a typo never silently falls back to a default.
+error, so a typo never silently falls back to a default. They are plain (not frozen) dataclasses so that
+OmegaConf can build them as sections of ``multi_agent`` (:mod:`mgrpo_verl.config.schema`); treat them as
+values.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _check_finite_number(owner: str, name: str, value: Any) -> None:
         raise ValueError(f"{owner}: {name} must be a finite number, got {value!r}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class MGRPOConfig:
     """Settings of :func:`mgrpo_verl.compute_mgrpo_advantage` (hierarchical M-GRPO)."""
 
@@ -87,7 +89,7 @@ class MGRPOConfig:
         return _from_any(cls, config)
 
 
-@dataclass(frozen=True)
+@dataclass
 class MAGRPOConfig:
     """Settings of :func:`mgrpo_verl.compute_magrpo_advantage` (cooperative MAGRPO)."""
 

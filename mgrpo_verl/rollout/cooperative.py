@@ -48,7 +48,7 @@ from verl.utils import normalize_token_ids
 
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
 from mgrpo_verl.rollout import delegation
-from mgrpo_verl.trainer.multi_agent_config import parse_cooperation
+from mgrpo_verl.config.schema import load_multi_agent
 
 logger = logging.getLogger(__name__)
 
@@ -95,24 +95,6 @@ class CoopTask(Protocol):
         """The joint reward of one joint action (every agent's completion)."""
 
 
-@dataclass(frozen=True)
-class _Settings:
-    """The loop's settings, from ``multi_agent.magrpo`` (G, joint mode) and ``multi_agent.cooperation``."""
-
-    num_generations: int
-    joint_mode: str
-    num_turns: int
-    termination_threshold: float | None
-    response_tokens: int
-    timeout_s: float
-
-    @classmethod
-    def from_config(cls, config: DictConfig) -> _Settings:
-        magrpo, coop = parse_cooperation(OmegaConf.select(config, "multi_agent", default=None) or {})
-        return cls(magrpo.num_generations, magrpo.joint_mode, coop.num_turns, coop.termination_threshold,
-                   coop.response_tokens, coop.timeout_s)
-
-
 @dataclass
 class _Node:
     node_id: str
@@ -126,16 +108,18 @@ class CooperativeLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.settings = _Settings.from_config(self.config)
+        ma = load_multi_agent(self.config)
+        ma.tree_width()  # required here, whatever multi_agent.algorithm says
+        self.magrpo, self.cooperation = ma.magrpo, ma.cooperation
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         from mgrpo_verl.envs.coop_tasks import task_for
 
         task = task_for(kwargs.get("data_source"))
         item = kwargs["reward_model"]["ground_truth"]
-        agents = {name: delegation.resolve_agent(self, name, self.settings.response_tokens) for name in task.agents}
+        agents = {name: delegation.resolve_agent(self, name, self.cooperation.response_tokens) for name in task.agents}
         prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
-        s = self.settings
+        s = self.cooperation
 
         rows: list[tuple[_Node, str, list[int], delegation._Generation, CoopReward]] = []
         failed = 0
@@ -188,7 +172,7 @@ class CooperativeLoop(AgentLoopBase):
 
     async def _expand(self, task: CoopTask, item: Any, agents: dict[str, delegation._SubAgent], node: _Node, sampling_params):
         """The children of ``node``: G completions per agent, joined, scored."""
-        s = self.settings
+        s = self.magrpo
         prompts = {}
         for name, agent in agents.items():
             messages = task.messages(item, name, node.history[name])
@@ -243,7 +227,7 @@ class CooperativeLoop(AgentLoopBase):
         try:
             return await asyncio.wait_for(
                 delegation._generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
-                timeout=self.settings.timeout_s,
+                timeout=self.cooperation.timeout_s,
             )
         except Exception as exc:  # a failed generation is an empty completion, counted
             logger.warning("agent %r generation failed: %r", agent.name, exc)

@@ -57,6 +57,7 @@ agent-loop worker process for ``@register`` to take effect.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -70,9 +71,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from verl.utils import hf_tokenizer, normalize_token_ids
 
+from mgrpo_verl.config.schema import AgentConfig, DelegationConfig, load_multi_agent
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rollout.remote_sub import RemoteSubAgent, SubCallReply, SubCallRequest, call_or_error
-from mgrpo_verl.trainer.multi_agent_config import DelegationConfig, parse_delegation
 
 logger = logging.getLogger(__name__)
 
@@ -92,63 +93,38 @@ TRUNCATED = "...(truncated)"
 
 @dataclass(frozen=True)
 class DelegationSettings:
-    """The loop's settings, read from the trainer config's ``multi_agent`` section (all optional).
+    """What the delegation loops (relay and tool call) read: the typed ``multi_agent.delegation`` section
+    (:class:`~mgrpo_verl.config.schema.DelegationConfig` documents each field), the agents' names and
+    the callables the section names, loaded once per process. Without a ``multi_agent`` section (tests,
+    tools) the agents are ``main`` and ``sub``."""
 
-    * ``multi_agent.main`` (default ``"main"``): the main agent's name (``agent`` of the main row);
-    * ``multi_agent.delegation.sub_agent`` (default null: the first key of ``multi_agent.agents`` that is
-      not the main agent, or ``"sub"`` when there is no ``agents`` section): the agent called;
-    * ``multi_agent.delegation.min_calls`` / ``max_calls`` (0 / 3, ``0 <= min <= max``): range of ``d``;
-    * ``multi_agent.delegation.plan_tokens`` / ``answer_tokens`` (8 / 8, >= 1): new-token caps of the
-      main agent's two generations (also capped by the room left in the main ``response_length``; a long
-      observation is shortened so that ``answer_tokens`` of room remain);
-    * ``multi_agent.delegation.sub_response_tokens`` (16, >= 1): new-token cap of one sub-agent call, also
-      capped by the sub-agent's rollout ``response_length``;
-    * ``multi_agent.delegation.timeout_s`` (120, > 0): seconds one sub-agent call may take;
-    * ``multi_agent.delegation.scorer`` (null: the relay task's scorer): ``relay.load_scorer``;
-    * ``multi_agent.delegation.sub_prompt`` (null: the relay task's ``relay.sub_messages(digit, plan)``):
-      ``sub_prompt(sub, task) -> messages`` (``relay.load_sub_prompt``), where ``task`` is the row's
-      question (``extra_info.question``, when the row has one) followed by the main agent's plan, so that
-      another task (e.g. deep research) can use the forced-delegation loop.
-
-    Other keys of ``multi_agent.delegation`` (e.g. ``mode``) are left to other readers.
-    """
-
+    delegation: DelegationConfig = field(default_factory=DelegationConfig)
     main: str = "main"
-    sub_agent: str = "sub"
-    min_calls: int = 0
-    max_calls: int = 3
-    plan_tokens: int = 8
-    answer_tokens: int = 8
-    sub_response_tokens: int = 16
-    timeout_s: float = 120.0
+    sub_agents: tuple[str, ...] = ("sub",)
     scorer: Any = relay.default_scorer
     sub_prompt: Any = None
-
-    #: the parsed section itself (keys other loops read, e.g. sub_max_turns); not part of equality
-    delegation: DelegationConfig = field(default_factory=DelegationConfig, compare=False, repr=False)
+    """``delegation.sub_prompt`` loaded, or ``None``: each loop's task default."""
 
     @classmethod
     def from_config(cls, config: DictConfig) -> DelegationSettings:
-        """Settings of ``config`` (the whole trainer config), validated by the same parser the trainer uses
-        (:func:`mgrpo_verl.trainer.multi_agent_config.parse_delegation`); raises ``ValueError`` naming a bad
-        field. Without a ``multi_agent`` section the agents are ``main`` and ``sub``."""
-        section = OmegaConf.select(config, "multi_agent", default=None) or {}
-        main = str(section.get("main") or cls.main)
-        agents = [str(a) for a in (section.get("agents") or {})] or [main, cls.sub_agent]
-        parsed = parse_delegation(section.get("delegation") or {}, main, agents)
+        """Settings of ``config`` (the whole trainer config), loaded and checked by the schema the trainer
+        uses (:func:`~mgrpo_verl.config.schema.load_multi_agent`); raises ``ValueError`` naming a bad field."""
+        ma = load_multi_agent(config)
+        if not ma.agents:
+            ma = dataclasses.replace(ma, agents={ma.main: AgentConfig(), "sub": AgentConfig()})
+        section = ma.delegation
         return cls(
-            main=main,
-            sub_agent=str(parsed.sub_agent),
-            min_calls=parsed.min_calls,
-            max_calls=parsed.max_calls,
-            plan_tokens=parsed.plan_tokens,
-            answer_tokens=parsed.answer_tokens,
-            sub_response_tokens=parsed.sub_response_tokens,
-            timeout_s=parsed.timeout_s,
-            scorer=relay.load_scorer(parsed.scorer),
-            sub_prompt=relay.load_sub_prompt(parsed.sub_prompt) if parsed.sub_prompt else None,
-            delegation=parsed,
+            delegation=section,
+            main=ma.main,
+            sub_agents=ma.sub_agents,
+            scorer=relay.load_scorer(section.scorer),
+            sub_prompt=relay.load_sub_prompt(section.sub_prompt) if section.sub_prompt else None,
         )
+
+    @property
+    def sub_agent(self) -> str:
+        """The agent the relay loop calls."""
+        return self.delegation.sub_agent or self.sub_agents[0]
 
     def sub_messages(self, row: dict[str, Any], plan_text: str) -> list[dict[str, Any]]:
         """Chat messages of one sub-agent call of the forced-delegation loop for the dataset ``row`` (the
@@ -163,7 +139,8 @@ class DelegationSettings:
 
     def num_calls(self, plan_ids: list[int]) -> int:
         """``d`` for a plan: ``min_calls + sum(plan_ids) % (max_calls - min_calls + 1)``."""
-        return self.min_calls + sum(plan_ids) % (self.max_calls - self.min_calls + 1)
+        low, high = self.delegation.min_calls, self.delegation.max_calls
+        return low + sum(plan_ids) % (high - low + 1)
 
 
 @dataclass(frozen=True)
@@ -434,7 +411,7 @@ class RelayDelegationLoop(AgentLoopBase):
         turns = _MainTurns(list(kwargs["raw_prompt"]), uuid4().hex, self.response_length)
         turns.runtime = await self.ct_build_initial_tokens(turns.messages)
 
-        plan_text = await self._main_turn(turns, sampling_params, self.settings.plan_tokens)
+        plan_text = await self._main_turn(turns, sampling_params, self.settings.delegation.plan_tokens)
         d = self.settings.num_calls(turns.generations[0].token_ids)
         if isinstance(sub.client, RemoteSubAgent):
             return await self._run_remote(turns, sub, kwargs, prefix, digit, plan_text, d, sampling_params)
@@ -447,7 +424,7 @@ class RelayDelegationLoop(AgentLoopBase):
             for call in calls
         ]
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
-        answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
+        answer_text = await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens) if turns.room else ""
 
         score, errors = safe_score(self.settings.scorer, "main", answer_text, digit)
         answered = [call for call in calls if not isinstance(call, str)]
@@ -506,19 +483,19 @@ class RelayDelegationLoop(AgentLoopBase):
         ]
         start = time.perf_counter()
         replies = await asyncio.gather(
-            *(asyncio.wait_for(call_or_error(sub.client, r), timeout=self.settings.timeout_s) for r in requests),
+            *(asyncio.wait_for(call_or_error(sub.client, r), timeout=self.settings.delegation.timeout_s) for r in requests),
             return_exceptions=True,
         )
         turns.calls_seconds = time.perf_counter() - start
         replies = [
             r if isinstance(r, (SubCallReply, str))
-            else f"<error: timed out after {self.settings.timeout_s:g}s>" if isinstance(r, asyncio.TimeoutError)
+            else f"<error: timed out after {self.settings.delegation.timeout_s:g}s>" if isinstance(r, asyncio.TimeoutError)
             else f"<error: {type(r).__name__}: {r}>"
             for r in replies
         ]
         texts = [r if isinstance(r, str) else r.text for r in replies]
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
-        answer_text = await self._main_turn(turns, sampling_params, self.settings.answer_tokens) if turns.room else ""
+        answer_text = await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens) if turns.room else ""
         score, errors = safe_score(self.settings.scorer, "main", answer_text, digit)
         used = [r.traj_id for r in replies if isinstance(r, SubCallReply)]
         main = _mgrpo(self.settings.main, f"{prefix}/main", "", score, d)
@@ -561,7 +538,7 @@ class RelayDelegationLoop(AgentLoopBase):
         log-probs together) and the answer gets what room is left, possibly none.
         """
         history = turns.messages + [{"role": "assistant", "content": plan_text}]
-        budget = turns.response_length - self.settings.answer_tokens
+        budget = turns.response_length - self.settings.delegation.answer_tokens
         merged = await self._merge_observation(turns, history, observation)
         if len(merged[1]) > budget:
             turns.observation_truncated = True
@@ -592,11 +569,11 @@ class RelayDelegationLoop(AgentLoopBase):
         try:
             return await asyncio.wait_for(
                 _generate(sub.client, uuid4().hex, prompt_ids, sampling_params, sub.response_tokens),
-                timeout=self.settings.timeout_s,
+                timeout=self.settings.delegation.timeout_s,
             )
         except asyncio.TimeoutError:
-            logger.warning("sub-agent %r call timed out after %gs", sub.name, self.settings.timeout_s)
-            return f"<error: timed out after {self.settings.timeout_s:g}s>"
+            logger.warning("sub-agent %r call timed out after %gs", sub.name, self.settings.delegation.timeout_s)
+            return f"<error: timed out after {self.settings.delegation.timeout_s:g}s>"
         except Exception as exc:
             logger.warning("sub-agent %r call failed: %r", sub.name, exc)
             return f"<error: {type(exc).__name__}: {exc}>"
@@ -623,7 +600,7 @@ class RelayDelegationLoop(AgentLoopBase):
 
     def _build_sub_agent(self) -> _SubAgent:
         """:meth:`_resolve_sub_agent` without the memo."""
-        return resolve_agent(self, self.settings.sub_agent, self.settings.sub_response_tokens)
+        return resolve_agent(self, self.settings.sub_agent, self.settings.delegation.sub_response_tokens)
 
     def _sub_prompt(self, sub: _SubAgent, messages: list[dict[str, Any]]) -> list[int]:
         """Prompt token ids of a sub-agent call (its own tokenizer), left-truncated to its prompt length."""
@@ -658,7 +635,7 @@ class RelaySubCallLoop(AgentLoopBase):
             list(kwargs["raw_prompt"]), add_generation_prompt=True, tokenize=True, **self.apply_chat_template_kwargs
         )
         prompt_ids = normalize_token_ids(tokenized)[-int(self.rollout_config.prompt_length) :]
-        max_tokens = min(self.settings.sub_response_tokens, int(self.rollout_config.response_length))
+        max_tokens = min(self.settings.delegation.sub_response_tokens, int(self.rollout_config.response_length))
         gen = await _generate(self.server_manager, uuid4().hex, prompt_ids, sampling_params, max_tokens)
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True).strip()
         score, errors = safe_score(self.settings.scorer, "sub", text, str(ground_truth))

@@ -274,41 +274,6 @@ class _Route:
 
 
 @dataclass(frozen=True)
-class ToolDelegationSettings:
-    """The loop's settings, read from the trainer config's ``multi_agent`` section (all optional).
-
-    * ``base``: :class:`~mgrpo_verl.rollout.delegation.DelegationSettings` (main agent's name, ``max_calls``
-      per rollout, ``timeout_s`` per call, ``sub_response_tokens`` per sub-agent generation,
-      ``answer_tokens`` of room kept for the main agent after tool responses, ``scorer``; ``min_calls``,
-      ``plan_tokens`` and ``sub_agent`` are the relay loop's and unused here);
-    * ``sub_agents``: every agent of ``multi_agent.agents`` except the main one, in order (one ``ask_<sub>``
-      tool each), or ``(base.sub_agent,)`` when there is no ``agents`` section;
-    * ``sub_max_turns`` (``multi_agent.delegation.sub_max_turns``, default 2, >= 1): assistant turns of one
-      sub-agent call;
-    * ``sub_prompt`` (``multi_agent.delegation.sub_prompt``): ``relay.load_sub_prompt``.
-    """
-
-    base: delegation.DelegationSettings
-    sub_agents: tuple[str, ...]
-    sub_max_turns: int = 2
-    sub_prompt: Any = relay.tool_sub_messages
-
-    @classmethod
-    def from_config(cls, config: DictConfig) -> ToolDelegationSettings:
-        """Settings of ``config`` (the whole trainer config); raises ``ValueError`` naming a bad field."""
-        base = delegation.DelegationSettings.from_config(config)
-        section = OmegaConf.select(config, "multi_agent", default=None) or {}
-        agents = section.get("agents")
-        subs = (base.sub_agent,) if agents is None else tuple(str(a) for a in agents if a != base.main)
-        return cls(
-            base=base,
-            sub_agents=subs,
-            sub_max_turns=base.delegation.sub_max_turns,
-            sub_prompt=relay.load_sub_prompt(base.delegation.sub_prompt),
-        )
-
-
-@dataclass(frozen=True)
 class _DelegationTool:
     """``ask_<agent>(task)``: a tool entry of the main agent (schema only; the loop runs it)."""
 
@@ -448,7 +413,7 @@ class ToolDelegationLoop(ToolAgentLoop):
     def __init__(self, *args: Any, **kwargs: Any):
         self._hf_model_type = kwargs.get("hf_model_type")
         super().__init__(*args, **kwargs)
-        self.settings = ToolDelegationSettings.from_config(self.config)
+        self.settings = delegation.DelegationSettings.from_config(self.config)
         self._manager = self.server_manager
         self.server_manager = _Route(self._manager)
         for agent in self.settings.sub_agents:
@@ -557,7 +522,7 @@ class ToolDelegationLoop(ToolAgentLoop):
         state = _ROLLOUT.get()
         if state is None:
             return merged
-        budget = max(0, self.response_length - self.settings.base.answer_tokens)
+        budget = max(0, self.response_length - self.settings.delegation.answer_tokens)
         dropped = _error("tool response dropped: it does not fit in the context")
         appended = updated_messages[len(previous_messages) :]
         while len(merged[1]) > budget:
@@ -583,7 +548,7 @@ class ToolDelegationLoop(ToolAgentLoop):
         task = arguments.get("task")
         if not isinstance(task, str) or not task.strip():
             return state.fail(_error(f"{tool_name} needs a non-empty string argument 'task', got {task!r}"))
-        limit = self.settings.base.max_calls
+        limit = self.settings.delegation.max_calls
         if len(state.calls) >= limit:
             return state.fail(_error(f"delegation limit reached: at most {limit} sub-agent calls per rollout"))
         call = _SubCall(len(state.calls), sub.name, sum(c.agent == sub.name for c in state.calls))
@@ -592,10 +557,10 @@ class ToolDelegationLoop(ToolAgentLoop):
         recorder = _Recorder(sub.client, sub.response_length, sub.response_tokens)
         context = contextvars.copy_context()
         context.run(_RECORDER.set, recorder)  # the sub loop's generations go to its own recorder
-        timeout = self.settings.base.timeout_s
+        timeout = self.settings.delegation.timeout_s
         start = time.perf_counter()
         try:
-            messages = self.settings.sub_prompt(sub.name, task)
+            messages = (self.settings.sub_prompt or relay.tool_sub_messages)(sub.name, task)
             run = sub.loop.run(dict(state.sampling_params), raw_prompt=list(messages), tools_kwargs=state.tools_kwargs)
             call.output = await asyncio.wait_for(asyncio.get_running_loop().create_task(run, context=context), timeout)
         except asyncio.TimeoutError:
@@ -661,7 +626,7 @@ class ToolDelegationLoop(ToolAgentLoop):
                 setting(f"{rollout}.full_determinism", _field(main_rollout, "full_determinism", False))
             ),
             "multi_turn": {
-                "max_assistant_turns": self.settings.sub_max_turns,
+                "max_assistant_turns": self.settings.delegation.sub_max_turns,
                 **{
                     key: setting(f"{multi_turn}.{key}", _field(_field(main_rollout, "multi_turn", None), key, default))
                     for key, default in (
@@ -685,7 +650,7 @@ class ToolDelegationLoop(ToolAgentLoop):
             tools=ToolListWrap(_tools_for(agent_config)),
         )
         return _SubAgent(
-            name, client, tokenizer, response_length, min(self.settings.base.sub_response_tokens, response_length), loop
+            name, client, tokenizer, response_length, min(self.settings.delegation.sub_response_tokens, response_length), loop
         )
 
     # -- rows
@@ -693,7 +658,7 @@ class ToolDelegationLoop(ToolAgentLoop):
     def _rows(
         self, state: _Rollout, output: AgentLoopOutput, prefix: str, ground_truth: str, row: dict[str, Any]
     ) -> list[AgentLoopOutput]:
-        scorer = self.settings.base.scorer
+        scorer = self.settings.scorer
         answer = state.main.final_text(self.tokenizer)
         score, errors = delegation.safe_score(scorer, "main", answer, ground_truth)
         sub_scores = {
@@ -721,7 +686,7 @@ class ToolDelegationLoop(ToolAgentLoop):
             sub_score = sub_scores[call.order][0]
             meta = delegation._mgrpo(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
             rows.append(_output_row(call.output, call.generations, meta, dict(reward_extra_info), score))
-        meta = delegation._mgrpo(self.settings.base.main, main_id, "", score, started)
+        meta = delegation._mgrpo(self.settings.main, main_id, "", score, started)
         meta.update(failed_calls=state.failed_calls, observation_truncated=state.observation_truncated)
         rows.append(_output_row(output, state.main.generations, meta, reward_extra_info, score))
         return rows

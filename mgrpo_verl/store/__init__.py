@@ -7,7 +7,7 @@
   the ``redis`` package); :func:`check_store_reachable` probes one before a run starts.
 
 The decoupled trainer that uses it is :mod:`mgrpo_verl.trainer.decoupled` (settings:
-``DecoupledSettings`` in :mod:`mgrpo_verl.trainer.multi_agent_config`). See docs/decoupled.md.
+``DecoupledConfig`` in :mod:`mgrpo_verl.config.schema`). See docs/decoupled.md.
 """
 
 from mgrpo_verl.store.base import (

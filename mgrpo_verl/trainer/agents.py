@@ -38,7 +38,7 @@ from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.rollout.replica import RolloutMode, get_rollout_replica_class
 
 if TYPE_CHECKING:
-    from mgrpo_verl.trainer.multi_agent_config import MultiAgentConfig
+    from mgrpo_verl.config.schema import MultiAgentConfig
 
 logger = logging.getLogger(__name__)
 

@@ -66,9 +66,9 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from mgrpo_verl.config.schema import MultiAgentConfig
 from mgrpo_verl.trainer.multi_agent_config import (
     ENGINES_WITH_MEMORY_FRACTION,
-    MultiAgentConfig,
     agent_full_config,
     multi_agent_enabled,
     parse_multi_agent,

@@ -20,6 +20,7 @@ from verl.utils import normalize_token_ids
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.replica import TokenOutput
 
+from mgrpo_verl.config.schema import DelegationConfig
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rollout import delegation
 from mgrpo_verl.rollout.delegation import SUB_CALL_LOOP_NAME, DelegationSettings
@@ -341,17 +342,15 @@ def test_bad_delegation_config(tokenizer, delegation_cfg, field):
 
 def test_settings_defaults_and_sub_agent_resolution():
     defaults = DelegationSettings.from_config(OmegaConf.create({"actor_rollout_ref": {}}))
-    assert defaults == DelegationSettings(
-        main="main", sub_agent="sub", min_calls=0, max_calls=3, plan_tokens=8, answer_tokens=8,
-        sub_response_tokens=16, timeout_s=120.0,
-    )  # fmt: skip
+    assert defaults == DelegationSettings(delegation=DelegationConfig(sub_agent="sub"), main="main", sub_agents=("sub",))
+    assert defaults.sub_agent == "sub" and defaults.delegation.sub_response_tokens == 8
     agents = {"planner": {}, "helper": {}, "checker": {}}
     cfg = OmegaConf.create({"multi_agent": {"main": "planner", "agents": agents}})
     assert DelegationSettings.from_config(cfg).sub_agent == "helper"  # first agent that is not the main one
     with pytest.raises(ValueError, match="multi_agent.delegation.sub_agent"):
         DelegationSettings.from_config(OmegaConf.create({"multi_agent": {"agents": {"main": {}}}}))
     # d over all plans stays in [min_calls, max_calls] and takes every value
-    settings = DelegationSettings(min_calls=1, max_calls=3)
+    settings = DelegationSettings(delegation=DelegationConfig(min_calls=1, max_calls=3))
     assert {settings.num_calls(list(p)) for p in itertools.product(range(20, 30), repeat=2)} == {1, 2, 3}
 
 

@@ -30,7 +30,7 @@ from verl.workers.rollout.replica import TokenOutput
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rollout import tool_delegation
 from mgrpo_verl.rollout.testing import build_agent_loop
-from mgrpo_verl.rollout.tool_delegation import ToolDelegationSettings
+from mgrpo_verl.rollout.delegation import DelegationSettings
 
 DIGIT = "4"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -559,11 +559,11 @@ def test_configuration_errors_raise(tokenizer):
 
 def test_settings():
     cfg = OmegaConf.create({"multi_agent": {"main": "planner", "agents": {"planner": {}, "coder": {}, "tester": {}}}})
-    settings = ToolDelegationSettings.from_config(cfg)
-    assert settings.sub_agents == ("coder", "tester") and settings.sub_max_turns == 2
-    assert settings.sub_prompt is relay.tool_sub_messages and settings.base.main == "planner"
-    bare = ToolDelegationSettings.from_config(OmegaConf.create({"multi_agent": {"delegation": {"sub_max_turns": 5}}}))
-    assert bare.sub_agents == ("sub",) and bare.sub_max_turns == 5
+    settings = DelegationSettings.from_config(cfg)
+    assert settings.sub_agents == ("coder", "tester") and settings.delegation.sub_max_turns == 2
+    assert settings.sub_prompt is None and settings.main == "planner"  # None: the loop's relay.tool_sub_messages
+    bare = DelegationSettings.from_config(OmegaConf.create({"multi_agent": {"delegation": {"sub_max_turns": 5}}}))
+    assert bare.sub_agents == ("sub",) and bare.delegation.sub_max_turns == 5
     assert _agent_loop_registry["mgrpo_delegate"] == {"_target_": "mgrpo_verl.rollout.tool_delegation.ToolDelegationLoop"}
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from omegaconf import OmegaConf
 
-from mgrpo_verl.trainer.multi_agent_config import DELEGATION_KEYS, DelegationConfig, parse_multi_agent
+import dataclasses
 
-YAML = Path(__file__).resolve().parents[2] / "mgrpo_verl" / "config" / "mgrpo_trainer.yaml"
+from mgrpo_verl.config.schema import DelegationConfig
+from mgrpo_verl.trainer.multi_agent_config import parse_multi_agent
 
+DELEGATION_KEYS = [f.name for f in dataclasses.fields(DelegationConfig) if f.name != "_target_"]
 
 def config(**delegation):
     """The smallest config multi-agent parsing accepts, with ``delegation`` as the delegation section."""
@@ -49,7 +49,6 @@ def test_values_are_kept():
         ({"sub_max_turns": -2}, "sub_max_turns"),
         ({"sub_max_turns": 1.5}, "sub_max_turns"),
         ({"sub_max_turns": True}, "sub_max_turns"),
-        ({"sub_max_turns": "2"}, "sub_max_turns"),
         ({"sub_prompt": "no_colon"}, "sub_prompt"),
         ({"sub_prompt": 3}, "sub_prompt"),
         ({"sub_max_turn": 2}, "sub_max_turn"),  # a typo is an unknown key
@@ -58,13 +57,6 @@ def test_values_are_kept():
 def test_bad_values(delegation, field):
     with pytest.raises(ValueError, match=f"multi_agent.delegation.{field}"):
         parse_multi_agent(config(**delegation))
-
-
-def test_shipped_yaml_has_the_keys_with_the_defaults():
-    delegation = OmegaConf.load(YAML).multi_agent.delegation
-    assert set(delegation) == set(DELEGATION_KEYS)
-    assert (delegation.sub_max_turns, delegation.sub_prompt) == (2, None)
-
 
 
 @pytest.mark.parametrize("where", ["top", "sub"])
