@@ -1,4 +1,5 @@
-"""The cooperative tasks of MAGRPO, as the cooperative loop sees them (:class:`mgrpo_verl.rollout.cooperative.CoopTask`).
+"""The cooperative tasks of MAGRPO and the protocol the cooperative loop (``mgrpo_verl.rollout.cooperative``)
+reads them through (:class:`CoopTask`, :class:`CoopReward`, :class:`Turn`).
 
 A dataset row names its task by ``data_source`` and its item by ``reward_model.ground_truth``:
 
@@ -17,14 +18,50 @@ A dataset row names its task by ``data_source`` and its item by ``reward_model.g
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mgrpo_verl.envs.splits import write_splits
-from mgrpo_verl.rollout.cooperative import AGENT_LOOP_NAME, CoopReward, Turn
 
 CODE_SOURCE = "mgrpo_verl/coop_code"
 WRITING_SOURCE = "mgrpo_verl/coop_writing"
+
+COOP_LOOP_NAME = "magrpo_coop"
+"""The agent loop the datasets' rows name (``mgrpo_verl.rollout.cooperative`` registers it)."""
+
+
+@dataclass(frozen=True)
+class CoopReward:
+    """A joint action's outcome: the joint reward, its components (logged), and feedback for the next turn."""
+
+    reward: float
+    info: dict[str, float] = field(default_factory=dict)
+    feedback: str | None = None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One earlier turn as an agent sees it: every agent's completion and the feedback that followed."""
+
+    outputs: dict[str, str]
+    feedback: str | None
+
+
+class CoopTask(Protocol):
+    """What the loop needs from a cooperative task (``mgrpo_verl/envs/coop_tasks.py`` registers them)."""
+
+    agents: tuple[str, ...]
+    """The agents, in the order their rows are emitted."""
+
+    info_keys: tuple[str, ...]
+    """Keys of :attr:`CoopReward.info` (every row carries the same ones)."""
+
+    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
+        """Chat messages of ``agent`` at the next turn, given the earlier turns."""
+
+    def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
+        """The joint reward of one joint action (every agent's completion)."""
 
 
 class _CoopTask:
@@ -137,16 +174,6 @@ class WritingTask(_CoopTask):
 TASK_SOURCES = {"coop_code": CODE_SOURCE, "coop_writing": WRITING_SOURCE}
 
 
-def validation_items(task: str) -> list[str]:
-    """The items (``reward_model.ground_truth``) of a built-in cooperative task's validation split."""
-    import pandas as pd
-
-    from mgrpo_verl.envs.builtin import task_files
-
-    _, val = task_files(task)
-    return [str(rm["ground_truth"]) for rm in pd.read_parquet(val)["reward_model"]]
-
-
 @functools.cache
 def task_for(data_source: str | None) -> CodeTask | WritingTask:
     """The task of a dataset row's ``data_source`` (one instance per process)."""
@@ -160,7 +187,7 @@ def _row(source: str, split: str, index: int, item: str, preview: str) -> dict[s
     return {
         "data_source": source,
         "prompt": [{"role": "user", "content": preview}],
-        "agent_name": AGENT_LOOP_NAME,
+        "agent_name": COOP_LOOP_NAME,
         "ability": "cooperation",
         "reward_model": {"style": "rule", "ground_truth": item},
         "extra_info": {"split": split, "index": index},

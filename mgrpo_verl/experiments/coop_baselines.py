@@ -138,8 +138,10 @@ def hf_generate(model_paths: dict[str, str], max_tokens: int, temperature: float
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from mgrpo_verl.envs.builtin import model_paths
-    from mgrpo_verl.envs.coop_tasks import TASK_SOURCES, task_for, validation_items
+    import pandas as pd
+
+    from mgrpo_verl.envs.builtin import model_paths, task_files
+    from mgrpo_verl.envs.coop_tasks import TASK_SOURCES, task_for
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=sorted(TASK_SOURCES), default="coop_code")
@@ -155,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     task = task_for(TASK_SOURCES[args.task])
-    items = validation_items(args.task)[: args.problems]
+    _, val = task_files(args.task)  # the validation split's items (reward_model.ground_truth)
+    items = [str(rm["ground_truth"]) for rm in pd.read_parquet(val)["reward_model"]][: args.problems]
     builtin = dict(zip(task.agents, ("tiny", "tiny_sub")))
     paths = {a: {"model": str(model_paths(m).model_dir), "tokenizer": str(model_paths(m).tokenizer_dir)} for a, m in builtin.items()}
     for spec in args.model:

@@ -37,22 +37,24 @@ import asyncio
 import itertools
 import logging
 import math
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 from uuid import uuid4
 
-from omegaconf import DictConfig, OmegaConf
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.utils import normalize_token_ids
 
+from mgrpo_verl.config.schema import load_multi_agent
+from mgrpo_verl.envs import coop_tasks
+from mgrpo_verl.envs.coop_tasks import COOP_LOOP_NAME, CoopReward, CoopTask, Turn
+
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
 from mgrpo_verl.rollout import delegation
-from mgrpo_verl.config.schema import load_multi_agent
 
 logger = logging.getLogger(__name__)
 
-AGENT_LOOP_NAME = "magrpo_coop"
+AGENT_LOOP_NAME = COOP_LOOP_NAME
 
 #: ``reward_extra_info`` key: 1.0 on the rows of a joint action whose reward failed (raised, was not
 #: finite, or took longer than :data:`REWARD_TIMEOUT_S`) and was scored 0; its mean is the failure rate.
@@ -60,39 +62,6 @@ REWARD_ERRORS = "reward/errors"
 
 #: Seconds one joint reward may take (the coding reward's sandbox stops its programs well before).
 REWARD_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class CoopReward:
-    """A joint action's outcome: the joint reward, its components (logged), and feedback for the next turn."""
-
-    reward: float
-    info: dict[str, float] = field(default_factory=dict)
-    feedback: str | None = None
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One earlier turn as an agent sees it: every agent's completion and the feedback that followed."""
-
-    outputs: dict[str, str]
-    feedback: str | None
-
-
-class CoopTask(Protocol):
-    """What the loop needs from a cooperative task (``mgrpo_verl/envs/coop_tasks.py`` registers them)."""
-
-    agents: tuple[str, ...]
-    """The agents, in the order their rows are emitted."""
-
-    info_keys: tuple[str, ...]
-    """Keys of :attr:`CoopReward.info` (every row carries the same ones)."""
-
-    def messages(self, item: Any, agent: str, history: list[Turn]) -> list[dict[str, str]]:
-        """Chat messages of ``agent`` at the next turn, given the earlier turns."""
-
-    def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
-        """The joint reward of one joint action (every agent's completion)."""
 
 
 @dataclass
@@ -113,9 +82,7 @@ class CooperativeLoop(AgentLoopBase):
         self.magrpo, self.cooperation = ma.magrpo, ma.cooperation
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
-        from mgrpo_verl.envs.coop_tasks import task_for
-
-        task = task_for(kwargs.get("data_source"))
+        task = coop_tasks.task_for(kwargs.get("data_source"))
         item = kwargs["reward_model"]["ground_truth"]
         agents = {name: delegation.resolve_agent(self, name, self.cooperation.response_tokens) for name in task.agents}
         prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"

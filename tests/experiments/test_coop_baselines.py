@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mgrpo_verl.experiments import coop_baselines
-from mgrpo_verl.rollout.cooperative import CoopReward
+from mgrpo_verl.envs.coop_tasks import CoopReward
 
 
 class Toy:

@@ -17,7 +17,8 @@ from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.algorithms.config import MAGRPOConfig
 from mgrpo_verl.envs import coop_tasks
-from mgrpo_verl.rollout.cooperative import AGENT_LOOP_NAME, CoopReward
+from mgrpo_verl.envs.coop_tasks import CoopReward
+from mgrpo_verl.rollout.cooperative import AGENT_LOOP_NAME
 from mgrpo_verl.rollout.testing import build_agent_loop
 from mgrpo_verl.trainer.rows import build_row_table, scalar_advantages
 
