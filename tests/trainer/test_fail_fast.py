@@ -224,20 +224,17 @@ def test_reachable_sqlite_store_passes(run, tmp_path):
 
 
 def test_main_ppo_process_refuses_rollout_n_zero(tmp_path):
-    """The real command line: exits non-zero, names the key and value, in well under a minute (the interpreter's
-    start and imports dominate)."""
-    start = time.monotonic()
+    """The real command line: exits non-zero, names the key and value, and never starts Ray (the refusal's time,
+    interpreter start and imports included, is a benchmark's business; the timeout only bounds a hang)."""
     proc = subprocess.run(
         [sys.executable, "-m", "mgrpo_verl.main_ppo", "actor_rollout_ref.rollout.n=0",
          f"trainer.default_local_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra"],
         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
-    seconds = time.monotonic() - start
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]
     assert "actor_rollout_ref.rollout.n must be an int >= 1" in output and "got 0" in output, output[-3000:]
     assert "Started a local Ray instance" not in output and "ray.init" not in output
-    assert seconds < 30, f"refused after {seconds:.1f} s"
 
 
 @pytest.mark.parametrize("up_before", [False, True])
