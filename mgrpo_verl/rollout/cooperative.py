@@ -50,7 +50,7 @@ from mgrpo_verl.envs import coop_tasks
 from mgrpo_verl.envs.coop_tasks import COOP_LOOP_NAME, CoopReward, CoopTask, Turn
 
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
-from mgrpo_verl.rollout import delegation
+from mgrpo_verl.rollout import common
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +84,11 @@ class CooperativeLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         task = coop_tasks.task_for(kwargs.get("data_source"))
         item = kwargs["reward_model"]["ground_truth"]
-        agents = {name: delegation.resolve_agent(self, name, self.cooperation.response_tokens) for name in task.agents}
+        agents = {name: common.resolve_agent(self, name, self.cooperation.response_tokens) for name in task.agents}
         prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
         s = self.cooperation
 
-        rows: list[tuple[_Node, str, list[int], delegation._Generation, CoopReward]] = []
+        rows: list[tuple[_Node, str, list[int], common.Generation, CoopReward]] = []
         failed = 0
         frontier = [_Node("", -1, {a: [] for a in task.agents})]  # the task itself: the roots' parent
         leaves: list[float] = []
@@ -137,7 +137,7 @@ class CooperativeLoop(AgentLoopBase):
             )
         return out
 
-    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, delegation._SubAgent], node: _Node, sampling_params):
+    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, common.AgentHandle], node: _Node, sampling_params):
         """The children of ``node``: G completions per agent, joined, scored."""
         s = self.magrpo
         prompts = {}
@@ -151,12 +151,12 @@ class CooperativeLoop(AgentLoopBase):
         results = await asyncio.gather(
             *(self._complete(agents[name], prompts[name], sampling_params) for name, _ in calls)
         )
-        by_agent: dict[str, list[delegation._Generation]] = {name: [] for name in agents}
+        by_agent: dict[str, list[common.Generation]] = {name: [] for name in agents}
         n_failed = 0
         for (name, _), gen in zip(calls, results):
             if gen is None:
                 n_failed += 1
-                gen = delegation._Generation([], [], {}, None, 0.0)
+                gen = common.Generation([], [], {}, None, 0.0)
             by_agent[name].append(gen)
         names = list(agents)
         if s.joint_mode == "aligned":
@@ -190,10 +190,10 @@ class CooperativeLoop(AgentLoopBase):
             logger.warning("the joint reward could not be computed, scored 0: %s: %.500s", type(exc).__name__, exc)
             return CoopReward(0.0, {REWARD_ERRORS: 1.0}, f"the reward could not be computed ({type(exc).__name__})")
 
-    async def _complete(self, agent: delegation._SubAgent, prompt_ids: list[int], sampling_params) -> delegation._Generation | None:
+    async def _complete(self, agent: common.AgentHandle, prompt_ids: list[int], sampling_params) -> common.Generation | None:
         try:
             return await asyncio.wait_for(
-                delegation._generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
+                common.generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
                 timeout=self.cooperation.timeout_s,
             )
         except Exception as exc:  # a failed generation is an empty completion, counted

@@ -61,8 +61,8 @@ Rows: the contract of :mod:`mgrpo_verl.rollout.delegation` (read by the M-GRPO t
   "failed_calls", "main_tokens", "sub_tokens" (response tokens generated), "tool/<name>": calls of each tool
   of the main agent and the sub-agents that ran (delegation excluded), "tool/parse_errors" (tool calls of
   the main agent that could not be parsed), "reward/errors" (scores that raised or were not finite: scored
-  0, :func:`mgrpo_verl.rollout.delegation.safe_score`), "answer" (final text), "source", "level", "id"}``
-  (:func:`mgrpo_verl.rollout.delegation.query_stats`);
+  0, :func:`mgrpo_verl.rollout.common.safe_score`), "answer" (final text), "source", "level", "id"}``
+  (:func:`mgrpo_verl.rollout.common.query_stats`);
 * staleness tags: each row's generations' ``TokenOutput.extra_fields`` merged (min of
   ``min_global_steps``, max of ``max_global_steps``, speculative-decoding counters summed, other keys from
   the last generation); every row sets the same fields (``response_logprobs`` always, zeros where the
@@ -97,7 +97,7 @@ from pathlib import Path
 from typing import Any, Optional
 from uuid import uuid4
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
@@ -116,7 +116,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
-from mgrpo_verl.rollout import delegation
+from mgrpo_verl.rollout import common, delegation
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class _Recorder:
         self.client = client
         self.response_length = response_length
         self.cap = cap
-        self.generations: list[delegation._Generation] = []
+        self.generations: list[common.Generation] = []
         self._prompt_length: Optional[int] = None
 
     async def generate(
@@ -234,7 +234,7 @@ class _Recorder:
             self._prompt_length = len(prompt_ids)
         room = self.response_length - (len(prompt_ids) - self._prompt_length)
         max_tokens = max(1, min(room, self.cap) if self.cap else room)
-        params = {**sampling_params, delegation.MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
+        params = {**sampling_params, common.MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
         start = time.perf_counter()
         output = await self.client.generate(
             request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs
@@ -243,7 +243,7 @@ class _Recorder:
         token_ids = list(output.token_ids)[:max_tokens]
         log_probs = _fit(output.log_probs, len(token_ids))
         self.generations.append(
-            delegation._Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
+            common.Generation(token_ids, log_probs, dict(output.extra_fields or {}), output.num_preempted, seconds)
         )
         return output.model_copy(update={"token_ids": token_ids, "log_probs": log_probs})
 
@@ -321,7 +321,7 @@ class _SubCall:
     agent: str
     index: int
     output: Optional[AgentLoopOutput] = None
-    generations: list[delegation._Generation] = field(default_factory=list)
+    generations: list[common.Generation] = field(default_factory=list)
     report: str = ""
 
 
@@ -354,7 +354,7 @@ def _tools_for(agent_config: Any) -> list[Any]:
     """The tools of an agent's full config (``multi_turn.tool_config_path`` / ``function_tool_path``), loaded
     once per process; none without a config."""
     key = tuple(
-        delegation._agent_setting(agent_config, f"actor_rollout_ref.rollout.multi_turn.{name}", None)
+        common.agent_setting(agent_config, f"actor_rollout_ref.rollout.multi_turn.{name}", None)
         for name in ("tool_config_path", "function_tool_path")
     )
     if key not in _TOOLS:
@@ -394,14 +394,14 @@ def _output_row(
     output: AgentLoopOutput, generations: list, mgrpo: dict[str, Any], reward_extra_info: dict[str, Any], score: float
 ) -> AgentLoopOutput:
     """The row of one finished verl tool loop (main or sub): its tokens, our metadata and the main score."""
-    return delegation._row(
+    return common.output_row(
         list(output.prompt_ids),
         list(output.response_ids),
         list(output.response_mask),
         _fit(output.response_logprobs, len(output.response_ids)),
         num_turns=output.num_turns,
         metrics=output.metrics,
-        extra_fields={**delegation._merge_generation_fields(generations), "mgrpo": mgrpo, "reward_extra_info": reward_extra_info},
+        extra_fields={**common.merge_generation_fields(generations), "mgrpo": mgrpo, "reward_extra_info": reward_extra_info},
         reward_score=score,
     )
 
@@ -413,7 +413,7 @@ class ToolDelegationLoop(ToolAgentLoop):
     def __init__(self, *args: Any, **kwargs: Any):
         self._hf_model_type = kwargs.get("hf_model_type")
         super().__init__(*args, **kwargs)
-        self.settings = delegation.DelegationSettings.from_config(self.config)
+        self.settings = common.DelegationSettings.from_config(self.config)
         self._manager = self.server_manager
         self.server_manager = _Route(self._manager)
         for agent in self.settings.sub_agents:
@@ -603,20 +603,20 @@ class ToolDelegationLoop(ToolAgentLoop):
         manager = self._manager
         client = manager.for_agent(name) if hasattr(manager, "for_agent") else manager
         agent_config = getattr(client, "config", None)
-        path = delegation._tokenizer_path(agent_config)
+        path = common.tokenizer_path(agent_config)
         tokenizer, hf_model_type = self.tokenizer, self._hf_model_type
-        if path is not None and path != delegation._tokenizer_path(self.config):
-            if path not in delegation._TOKENIZERS:
-                trust = bool(delegation._agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
-                delegation._TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
-            tokenizer = delegation._TOKENIZERS[path]
-            hf_model_type = _model_type(delegation._agent_setting(agent_config, "actor_rollout_ref.model.path", None))
+        if path is not None and path != common.tokenizer_path(self.config):
+            if path not in common.TOKENIZERS:
+                trust = bool(common.agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+                common.TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
+            tokenizer = common.TOKENIZERS[path]
+            hf_model_type = _model_type(common.agent_setting(agent_config, "actor_rollout_ref.model.path", None))
 
         rollout, multi_turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
         main_rollout = self.rollout_config
 
         def setting(key: str, default: Any) -> Any:
-            return delegation._agent_setting(agent_config, key, default)
+            return common.agent_setting(agent_config, key, default)
 
         response_length = int(setting(f"{rollout}.response_length", self.response_length))
         sub_rollout = {
@@ -660,13 +660,13 @@ class ToolDelegationLoop(ToolAgentLoop):
     ) -> list[AgentLoopOutput]:
         scorer = self.settings.scorer
         answer = state.main.final_text(self.tokenizer)
-        score, errors = delegation.safe_score(scorer, "main", answer, ground_truth)
+        score, errors = common.safe_score(scorer, "main", answer, ground_truth)
         sub_scores = {
-            call.order: delegation.safe_score(scorer, "sub", call.report, ground_truth)
+            call.order: common.safe_score(scorer, "sub", call.report, ground_truth)
             for call in state.calls if call.output is not None
         }
         started = len(state.calls)
-        reward_extra_info = delegation.query_stats(
+        reward_extra_info = common.query_stats(
             row,
             answer,
             acc=score,
@@ -676,7 +676,7 @@ class ToolDelegationLoop(ToolAgentLoop):
             sub_tokens=sum(len(g.token_ids) for call in state.calls for g in call.generations),
             **{f"tool/{name}": count for name, count in sorted(state.tool_uses.items())},
             **{"tool/parse_errors": state.parse_errors,
-               delegation.REWARD_ERRORS: errors + sum(e for _, e in sub_scores.values())},
+               common.REWARD_ERRORS: errors + sum(e for _, e in sub_scores.values())},
         )
         main_id = f"{prefix}/main"
         rows = []
@@ -684,9 +684,9 @@ class ToolDelegationLoop(ToolAgentLoop):
             if call.output is None:  # failed or timed out: no row
                 continue
             sub_score = sub_scores[call.order][0]
-            meta = delegation._mgrpo(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
+            meta = common.row_meta(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
             rows.append(_output_row(call.output, call.generations, meta, dict(reward_extra_info), score))
-        meta = delegation._mgrpo(self.settings.main, main_id, "", score, started)
+        meta = common.row_meta(self.settings.main, main_id, "", score, started)
         meta.update(failed_calls=state.failed_calls, observation_truncated=state.observation_truncated)
         rows.append(_output_row(output, state.main.generations, meta, reward_extra_info, score))
         return rows

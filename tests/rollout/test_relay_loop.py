@@ -15,15 +15,15 @@ import itertools
 import pytest
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
-
 from verl.utils import normalize_token_ids
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.config.schema import DelegationConfig
 from mgrpo_verl.envs import relay
-from mgrpo_verl.rollout import delegation
-from mgrpo_verl.rollout.delegation import SUB_CALL_LOOP_NAME, DelegationSettings
+from mgrpo_verl.rollout import common
+from mgrpo_verl.rollout.common import DelegationSettings
+from mgrpo_verl.rollout.delegation import SUB_CALL_LOOP_NAME
 from mgrpo_verl.rollout.remote_sub import RemoteCallError, RemoteSubAgent, SubCallReply
 from mgrpo_verl.rollout.testing import build_agent_loop
 
@@ -293,7 +293,7 @@ def test_without_for_agent_the_main_server_plays_the_sub_agent(tokenizer):
 
 
 def test_sub_agent_with_its_own_tokenizer_path(tokenizer, tiny_paths, monkeypatch):
-    monkeypatch.setattr(delegation, "_TOKENIZERS", {})
+    monkeypatch.setattr(common, "TOKENIZERS", {})
     sub_config = OmegaConf.create(
         {
             "actor_rollout_ref": {
@@ -305,7 +305,7 @@ def test_sub_agent_with_its_own_tokenizer_path(tokenizer, tiny_paths, monkeypatc
     sub = FakeAgent([(_ids(tokenizer, "444"), None)], config=sub_config)
     main = FakeManager([(_ids(tokenizer, "76"), None), (_ids(tokenizer, "4"), None)], sub)
     rows = _run(main, tokenizer, _config(sub_response_tokens=16))
-    loaded = delegation._TOKENIZERS[tiny_paths.tokenizer_dir]
+    loaded = common.TOKENIZERS[tiny_paths.tokenizer_dir]
     assert loaded is not tokenizer  # loaded from the sub-agent's own path (same files here)
     assert sub.calls[0]["params"]["max_tokens"] == 2  # capped by the sub-agent's response_length
     assert rows[0].response_ids == _ids(tokenizer, "44")

@@ -20,7 +20,6 @@ import re
 import pytest
 from hydra.errors import InstantiationException
 from omegaconf import OmegaConf
-
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 from verl.tools.function_tool import FunctionTool
 from verl.tools.schemas import OpenAIFunctionToolSchema
@@ -29,8 +28,8 @@ from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rollout import tool_delegation
+from mgrpo_verl.rollout.common import DelegationSettings
 from mgrpo_verl.rollout.testing import build_agent_loop
-from mgrpo_verl.rollout.delegation import DelegationSettings
 
 DIGIT = "4"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -320,16 +319,16 @@ def test_without_for_agent_the_main_server_plays_the_sub_agent(tokenizer):
 
 
 def test_sub_agent_with_its_own_tokenizer_and_lengths(tokenizer, tiny_paths, monkeypatch):
-    from mgrpo_verl.rollout import delegation
+    from mgrpo_verl.rollout import common
 
-    monkeypatch.setattr(delegation, "_TOKENIZERS", {})
+    monkeypatch.setattr(common, "TOKENIZERS", {})
     monkeypatch.setattr(tool_delegation, "_MODEL_TYPES", {})
     config = sub_config(response_length=64)
     config.actor_rollout_ref.model = {"path": tiny_paths.model_dir, "tokenizer_path": tiny_paths.tokenizer_dir}
     sub = FakeAgent(tokenizer, respond=secret_sub(), config=config)
     main = FakeManager(tokenizer, [ask("find it") + END, "4" + END], {"sub": sub})
     rows = run(main, tokenizer, main_config(sub_response_tokens=100))
-    assert delegation._TOKENIZERS[tiny_paths.tokenizer_dir] is not tokenizer  # loaded from its own path
+    assert common.TOKENIZERS[tiny_paths.tokenizer_dir] is not tokenizer  # loaded from its own path
     assert tool_delegation._MODEL_TYPES == {tiny_paths.model_dir: "qwen2"}  # its Continuous-Token builder
     used = len(sub.calls[1]["prompt_ids"]) - len(sub.calls[0]["prompt_ids"])
     assert [c["params"]["max_tokens"] for c in sub.calls] == [64, 64 - used]  # its response_length, not 100
