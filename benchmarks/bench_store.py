@@ -33,7 +33,12 @@ from pathlib import Path
 from mgrpo_verl.store import TrajectoryStat, open_store
 
 BACKENDS = ("sqlite", "sqlite-normal", "redis")
-LABELS = {"queue": "mp.Queue (reference)", "sqlite": "sqlite (synchronous=full)", "sqlite-normal": "sqlite (synchronous=normal)", "redis": "redis (AOF everysec)"}
+LABELS = {
+    "queue": "mp.Queue (reference)",
+    "sqlite": "sqlite (synchronous=full)",
+    "sqlite-normal": "sqlite (synchronous=normal)",
+    "redis": "redis (AOF everysec)",
+}
 
 
 def step_ids(step: int, n: int) -> list[str]:

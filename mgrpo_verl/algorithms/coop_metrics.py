@@ -25,7 +25,8 @@ evaluation scripts (repository LLM_Collab_Code_Generation, ``baselines/he_ours.p
 *first* k samples of each problem: "PassOrNot@k" (any of them passes all tests, i.e. not the unbiased
 estimator), "Accuracy@k" (the best passed-test fraction, as ``acc@k`` here) and "MaxCoop@k" (the best
 *graded* cooperation bonus: +0.5 for calling ``aux``, +1 if the main function is not a mere wrapper,
--0.5 if the call's result is ignored, given only to samples passing at least one test). We report pass@k with the unbiased estimator, acc@k as the authors do, and coop@k as a
+-0.5 if the call's result is ignored, given only to samples passing at least one test). We report pass@k
+with the unbiased estimator, acc@k as the authors do, and coop@k as a
 binary "passes and cooperates" rate, so that it is a probability comparable with pass@k; a graded
 cooperation score is the caller's to threshold into ``cooperated``. ``subset="all"`` removes the
 dependence on sample order for acc@k and coop@k.

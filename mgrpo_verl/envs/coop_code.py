@@ -265,7 +265,8 @@ def extract_function(text: str, name: str) -> str | None:
     or a closing fence after it does not matter), and ``ast`` must parse it as that function. The last
     candidate that parses wins, as the last definition wins in Python; only the last
     :data:`MAX_CANDIDATES` are tried, each over at most :data:`MAX_FUNCTION_CHARS` characters (a longer
-    function is not found), so the time is linear in the length of ``text``. Decorators are not kept. Never raises, whatever the text (deep nesting included).
+    function is not found), so the time is linear in the length of ``text``. Decorators are not kept. Never
+    raises, whatever the text (deep nesting included).
     """
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if (m := _DEF_LINE.match(line)) and m["name"] == name]
@@ -386,7 +387,7 @@ class _CountAsserts(ast.NodeTransformer):
 
 
 def score_coop(
-    problem: CodeProblem, helper_text: str, main_text: str, limits: SandboxLimits = SandboxLimits()
+    problem: CodeProblem, helper_text: str, main_text: str, limits: SandboxLimits = SandboxLimits()  # noqa: B008 - a frozen dataclass, safe to share
 ) -> CoopScore:
     """Score the helper's answer ``helper_text`` and the main agent's answer ``main_text`` on ``problem``.
 

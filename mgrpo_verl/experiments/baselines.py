@@ -124,7 +124,8 @@ def summary_rows(results: dict) -> list[dict]:
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| variant | seeds | steps | held-out acc, first val | held-out acc, last val (± std) | best | main reward (last 25%) | sub reward (last 25%) |",
+        "| variant | seeds | steps | held-out acc, first val | held-out acc, last val (± std) | best "
+        "| main reward (last 25%) | sub reward (last 25%) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

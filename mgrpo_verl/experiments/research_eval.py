@@ -12,8 +12,8 @@ systems to compare, joint M-GRPO and its baselines: ``recipes/research_baselines
     python -m mgrpo_verl.experiments.research_eval report --runs runs/research_eval --out docs/results
 
 ``run`` evaluates each system with the real trainer: ``python -m mgrpo_verl.main_ppo research=<preset>``
-(``--preset cpu``, the default, or ``gpu``: ``mgrpo_verl/config/research/``) with ``trainer.val_only=true``, the system's checkpoint (``trainer.resume_mode=
-resume_path``; ``untrained`` for the initial models), its variant's overrides (``joint``, ``frozen``,
+(``--preset cpu``, the default, or ``gpu``: ``mgrpo_verl/config/research/``) with ``trainer.val_only=true``,
+the system's checkpoint (``trainer.resume_mode=resume_path``; ``untrained`` for the initial models), its variant's overrides (``joint``, ``frozen``,
 ``single``: :data:`mgrpo_verl.experiments.baselines.VARIANTS`; the name before ``=`` picks the variant
 when it is one of those, ``NAME:VARIANT=PATH`` otherwise) and every benchmark as ``data.val_files``.
 verl's validation runs the same multi-agent rollout as training (per-agent servers, tools, delegation)

@@ -415,13 +415,13 @@ def _hints(est: MemoryEstimate, parts: list[tuple[str, float]]) -> list[str]:
         agent, _, term = label.partition(": ")
         where = f"multi_agent.agents.{agent}.actor_rollout_ref" if agent in {a.name for a in est.agents} else "actor_rollout_ref"
         if term.startswith("log-prob logits") or term.startswith("reference logits"):
-            hint = (f"smaller actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu / ref.log_prob_micro_batch_size_per_gpu "
-                    f"(or log_prob_use_dynamic_bsz with a smaller log_prob_max_token_len_per_gpu), "
-                    f"actor_rollout_ref.model.use_remove_padding=true, actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
+            hint = ("smaller actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu / ref.log_prob_micro_batch_size_per_gpu "
+                    "(or log_prob_use_dynamic_bsz with a smaller log_prob_max_token_len_per_gpu), "
+                    "actor_rollout_ref.model.use_remove_padding=true, actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
         elif term.startswith("update logits") or term.startswith("activations"):
-            hint = (f"smaller actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (or use_dynamic_bsz with a smaller "
-                    f"ppo_max_token_len_per_gpu), actor_rollout_ref.model.enable_gradient_checkpointing=true, "
-                    f"actor_rollout_ref.model.use_remove_padding=true")
+            hint = ("smaller actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (or use_dynamic_bsz with a smaller "
+                    "ppo_max_token_len_per_gpu), actor_rollout_ref.model.enable_gradient_checkpointing=true, "
+                    "actor_rollout_ref.model.use_remove_padding=true")
         elif term.startswith("rollout engine"):
             hint = f"lower gpu_memory_utilization ({where}.rollout.gpu_memory_utilization)"
         elif term in ("actor params", "AdamW states", "gradients"):

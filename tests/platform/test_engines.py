@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 
 from mgrpo_verl.platform import engines
 

@@ -3,6 +3,7 @@ and Redis in conftest.py), plus the record type and ``open_store``'s url handlin
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -64,7 +65,7 @@ def test_record_normalises_numbers_and_round_trips_through_json():
     assert s.extra == {"k": [1, 2]}  # stored as its JSON round trip
     assert TrajectoryStat.from_json(s.to_json()) == s
     assert s.is_main and not sub("x", "t").is_main
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         s.score = 1.0  # frozen
 
 

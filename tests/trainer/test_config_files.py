@@ -44,7 +44,7 @@ def test_tool_config_resolver_finds_the_shipped_sub_agent_tools():
     assert path.endswith("mgrpo_verl/config/tools/relay_sub_tools.yaml")
     assert "read_secret" in open(path).read()
     with pytest.raises(Exception, match="no file"):
-        OmegaConf.create({"p": "${mgrpo_config_file:tools/nope.yaml}"}).p
+        _ = OmegaConf.create({"p": "${mgrpo_config_file:tools/nope.yaml}"}).p
 
 
 def test_research_presets_set_the_research_task():

@@ -21,7 +21,6 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import inspect
-import os
 import shutil
 import sys
 import types

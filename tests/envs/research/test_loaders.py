@@ -252,7 +252,7 @@ def test_xbench_fixture_is_what_the_generator_writes(tmp_path):
         reader = csv.DictReader(handle)
         assert reader.fieldnames == XBENCH_COLUMNS
         rows = list(reader)
-    for row, (_, prompt, answer, steps) in zip(rows, XBENCH_PLAIN):
+    for row, (_, prompt, _answer, steps) in zip(rows, XBENCH_PLAIN):
         assert prompt not in XBENCH_CSV.read_text(encoding="utf-8")  # stored encrypted
         assert loaders.decrypt_xbench_text(row["reference_steps"], row["canary"]) == steps
 
