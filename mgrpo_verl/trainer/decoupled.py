@@ -63,9 +63,9 @@ class DecoupledMainTrainer(MultiAgentTrainer):
 
         ma = self.multi_agent
         clients = {}
-        for a in ma.agents:
-            owner = ma.owner_of(a.name)
-            clients[a.name] = self.agents[owner].llm.get_client() if owner in self.agents else self.remote[a.name]
+        for name in ma.agents:
+            owner = ma.owner_of(name)
+            clients[name] = self.agents[owner].llm.get_client() if owner in self.agents else self.remote[name]
         return MultiAgentLLMClient(clients, main=ma.main)
 
     def on_init_end(self):

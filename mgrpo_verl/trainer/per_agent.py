@@ -151,7 +151,7 @@ class MultiAgentTrainer(PPOTrainer):
                 name=spec.name,
                 trainable=spec.trainable,
                 config=cfg,
-                plays=tuple(a.name for a in ma.agents if ma.owner_of(a.name) == spec.name),
+                plays=tuple(n for n in ma.agents if ma.owner_of(n) == spec.name),
                 tokenizer=omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig).tokenizer,
                 use_reference_policy=spec.trainable and need_reference_policy(cfg),
             )
@@ -267,7 +267,7 @@ class MultiAgentTrainer(PPOTrainer):
         alignment = None
         if (~table.is_main).any():
             alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, ma.d_max, seed=self.global_steps)
-        owner_of = {a.name: ma.owner_of(a.name) for a in ma.agents}
+        owner_of = {n: ma.owner_of(n) for n in ma.agents}
         return alignment, plan_update_sets(table, alignment, advantage, owner_of)
 
     def _train_models(self, batch: KVBatchMeta, table: RowTable, updates: dict, metrics: dict, timing_raw: dict):
