@@ -211,7 +211,7 @@ class MultiAgentTrainer(PPOTrainer):
 
     def get_llm_client(self) -> MultiAgentLLMClient:
         ma = self.multi_agent
-        clients = {a.name: self.agents[ma.owner_of(a.name)].llm.get_client() for a in ma.agents}
+        clients = {n: self.agents[ma.owner_of(n)].llm.get_client() for n in ma.agents}
         return MultiAgentLLMClient(clients, main=ma.main)
 
     # ------------------------------------------------------------------------------------ weight sync
