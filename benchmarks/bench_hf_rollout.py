@@ -87,8 +87,8 @@ def main() -> None:
         return time.perf_counter() - t
 
     # ---------------------------------------------------------------- in-process engine
-    from mgrpo_verl.rollout.engine import GenerationRequest, HFGenerationEngine
-    from mgrpo_verl.rollout.sampling import parse_sampling_params
+    from mgrpo_verl.hf_rollout.engine import GenerationRequest, HFGenerationEngine
+    from mgrpo_verl.hf_rollout.sampling import parse_sampling_params
 
     engine = HFGenerationEngine(model, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
 
@@ -118,7 +118,7 @@ def main() -> None:
     import ray
     from verl.workers.config import HFModelConfig, RolloutConfig
 
-    from mgrpo_verl.rollout.hf_server import HFRolloutServer
+    from mgrpo_verl.hf_rollout.server import HFRolloutServer
 
     ray.init(num_cpus=8, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
     try:

@@ -121,7 +121,7 @@ def dataset_row(i: int, rollout_n: int = 8) -> dict[str, Any]:
 
 def construction_ms(agent_name: str, setup: dict, n: int = 200, repeats: int = 3) -> float:
     """CPU ms to build one loop object (best of ``repeats`` rounds of ``n``)."""
-    from mgrpo_verl.rollout.testing import build_agent_loop
+    from mgrpo_verl.agent_loops.testing import build_agent_loop
 
     best = float("inf")
     for _ in range(repeats):
@@ -134,7 +134,7 @@ def construction_ms(agent_name: str, setup: dict, n: int = 200, repeats: int = 3
 
 async def run_batch(agent_name: str, config, manager, tokenizer, rollouts: int) -> tuple[list[Any], float, float]:
     """``rollouts`` concurrent runs of agent loop ``agent_name``; (outputs, wall s, CPU s)."""
-    from mgrpo_verl.rollout.testing import build_agent_loop
+    from mgrpo_verl.agent_loops.testing import build_agent_loop
 
     async def one(i: int):
         loop = build_agent_loop(agent_name, config, manager, tokenizer)
@@ -220,7 +220,7 @@ def main() -> None:
     # importing the modules registers the two agent loops
     import verl.experimental.agent_loop.single_turn_agent_loop  # noqa: F401
 
-    import mgrpo_verl.rollout.delegation  # noqa: F401
+    import mgrpo_verl.agent_loops.delegation  # noqa: F401
     from mgrpo_verl.models.tiny import build_tiny_tokenizer
 
     tokenizer_dir = build_tiny_tokenizer()

@@ -13,7 +13,7 @@ def ensure_registered() -> None:
     """Register our estimators with verl (idempotent); raises if that is impossible."""
     import mgrpo_verl.algorithms.verl_registry  # noqa: F401  (registers on import)
     from mgrpo_verl.platform import register_cpu_platform
-    from mgrpo_verl.rollout import register as register_hf_rollout
+    from mgrpo_verl.hf_rollout import register as register_hf_rollout
 
     register_cpu_platform()
     register_hf_rollout()
@@ -34,9 +34,9 @@ def register_multi_agent() -> None:
 
     from mgrpo_verl.platform._import_hooks import when_imported
 
-    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.rollout.delegation"))
-    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.rollout.tool_delegation"))
-    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.rollout.cooperative"))
+    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.delegation"))
+    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.tool_delegation"))
+    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.cooperative"))
     when_imported("verl.trainer.ppo.v1", lambda _: import_module("mgrpo_verl.trainer.per_agent"))
 
 

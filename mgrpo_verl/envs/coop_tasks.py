@@ -1,4 +1,4 @@
-"""The cooperative tasks of MAGRPO and the protocol the cooperative loop (``mgrpo_verl.rollout.cooperative``)
+"""The cooperative tasks of MAGRPO and the protocol the cooperative loop (``mgrpo_verl.agent_loops.cooperative``)
 reads them through (:class:`CoopTask`, :class:`CoopReward`, :class:`Turn`).
 
 A dataset row names its task by ``data_source`` and its item by ``reward_model.ground_truth``:
@@ -28,7 +28,7 @@ CODE_SOURCE = "mgrpo_verl/coop_code"
 WRITING_SOURCE = "mgrpo_verl/coop_writing"
 
 COOP_LOOP_NAME = "magrpo_coop"
-"""The agent loop the datasets' rows name (``mgrpo_verl.rollout.cooperative`` registers it)."""
+"""The agent loop the datasets' rows name (``mgrpo_verl.agent_loops.cooperative`` registers it)."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Each sample has a secret digit ``g`` (the ground truth). The main agent (planner
 
     "Ask your helper for the secret digit, then write it."
 
-and never sees ``g``. The rollout loop (:class:`mgrpo_verl.rollout.delegation.RelayDelegationLoop`) lets
+and never sees ``g``. The rollout loop (:class:`mgrpo_verl.agent_loops.delegation.RelayDelegationLoop`) lets
 the main agent write a short plan, then calls the sub-agent, whose prompt does contain the digit
 (:func:`sub_messages`), shows the main agent what the helper said, and lets it write its final answer.
 The main agent therefore scores well only when the sub-agent repeats the digit and the main agent copies
@@ -23,7 +23,7 @@ any other digit, 0 otherwise, divided by the window size.
 Dataset rows carry ``agent_name: "mgrpo_relay"`` so verl runs the relay loop for them.
 
 Variant "relay_tools" (:func:`write_tool_dataset`, agent loop ``mgrpo_delegate``,
-:class:`mgrpo_verl.rollout.tool_delegation.ToolDelegationLoop`): delegation by tool call. The main agent is
+:class:`mgrpo_verl.agent_loops.tool_delegation.ToolDelegationLoop`): delegation by tool call. The main agent is
 told to call ``ask_<sub>`` (:func:`tool_main_messages`); nobody's prompt holds the digit. Only the
 sub-agent's own tool ``read_secret`` (:class:`mgrpo_verl.envs.relay_tools.ReadSecretTool`, configured by
 :data:`SUB_TOOL_CONFIG` as the sub-agent's ``multi_turn.tool_config_path``) can read it, from the

@@ -119,8 +119,8 @@ def hf_generate(model_paths: dict[str, str], max_tokens: int, temperature: float
     """A :data:`Generate` over Hugging Face models on CPU (our batched engine), one per agent."""
     from transformers import AutoTokenizer
 
-    from mgrpo_verl.rollout.engine import GenerationRequest, HFGenerationEngine
-    from mgrpo_verl.rollout.sampling import SamplingParams
+    from mgrpo_verl.hf_rollout.engine import GenerationRequest, HFGenerationEngine
+    from mgrpo_verl.hf_rollout.sampling import SamplingParams
 
     engines, tokenizers = {}, {}
     for agent, path in model_paths.items():

@@ -18,7 +18,7 @@ the system's checkpoint (``trainer.resume_mode=resume_path``; ``untrained`` for 
 when it is one of those, ``NAME:VARIANT=PATH`` otherwise) and every benchmark as ``data.val_files``.
 verl's validation runs the same multi-agent rollout as training (per-agent servers, tools, delegation)
 and dumps every query (``trainer.validation_data_dir``) with the loop's per-query statistics
-(:func:`mgrpo_verl.rollout.delegation.query_stats`). Benchmarks are parquet files in the research layout
+(:func:`mgrpo_verl.agent_loops.delegation.query_stats`). Benchmarks are parquet files in the research layout
 (``mgrpo_verl.envs.research.loaders`` converts GAIA, XBench-DeepSearch and WebWalkerQA files; ``builtin``
 is the built-in multi-hop questions' validation split); the table names each by its rows' source.
 

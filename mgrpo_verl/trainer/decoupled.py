@@ -2,7 +2,7 @@
 
 ``multi_agent.decoupled.role`` picks the class (:meth:`MultiAgentTrainer.__new__`); the rest of the
 ``multi_agent`` section is the same on both sides. What crosses between them: delegation calls and
-their answers (text, over HTTP, :mod:`mgrpo_verl.rollout.remote_sub`) and one record per main
+their answers (text, over HTTP, :mod:`mgrpo_verl.agent_loops.remote_sub`) and one record per main
 trajectory (ids, uid, score, format flag, step, version, the sub calls it used) through the store
 (:mod:`mgrpo_verl.store`). No tensor, no gradient.
 
@@ -11,7 +11,7 @@ Its relay loops call remote sub-agents; after computing its advantages it publis
 then trains. Its validation is announced to the sub sides, which then keep no rows.
 
 **Sub side** (:class:`DecoupledSubTrainer`): trains ``decoupled.train_agent``'s model and serves it
-(:class:`~mgrpo_verl.rollout.sub_service.SubAgentService`). It samples no prompts of its own; a step:
+(:class:`~mgrpo_verl.agent_loops.sub_service.SubAgentService`). It samples no prompts of its own; a step:
 
 1. wait until some pending rows' parents are in the store (a row whose parent has not come after
    ``wait_timeout_s``, or whose parent is older than ``max_policy_lag`` versions, gets
@@ -39,8 +39,8 @@ import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 from verl.utils.debug import marked_timer
 
-from mgrpo_verl.rollout.remote_sub import RemoteSubAgent, RemoteCallError
-from mgrpo_verl.rollout.sub_service import PendingRow, SubAgentService
+from mgrpo_verl.agent_loops.remote_sub import RemoteSubAgent, RemoteCallError
+from mgrpo_verl.agent_loops.sub_service import PendingRow, SubAgentService
 from mgrpo_verl.store import TrajectoryStat, open_store
 from mgrpo_verl.trainer.per_agent import MultiAgentTrainer, _row_metrics
 from mgrpo_verl.trainer.rows import ROW_META, RowTable, _as_list, decoupled_sub_table, scalar_advantages, write_row_values
@@ -59,7 +59,7 @@ class DecoupledMainTrainer(MultiAgentTrainer):
         self.remote = {name: RemoteSubAgent(name, url, timeout) for name, url in d.sub_urls.items()}
 
     def get_llm_client(self):
-        from mgrpo_verl.rollout.multi_client import MultiAgentLLMClient
+        from mgrpo_verl.agent_loops.multi_client import MultiAgentLLMClient
 
         ma = self.multi_agent
         clients = {}

@@ -46,7 +46,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.config import HFModelConfig
 
 from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_resolved_alignment
-from mgrpo_verl.rollout.multi_client import MultiAgentLLMClient
+from mgrpo_verl.agent_loops.multi_client import MultiAgentLLMClient
 from mgrpo_verl.trainer import checkpoints as ckpt
 from mgrpo_verl.trainer.agents import (
     REPLICA_OFFSET_KEY,

@@ -6,7 +6,7 @@ trainer only holds keys and tags. The pure part of this module works on a :class
 arrays read once from TransferQueue) and is tested without Ray; the functions at the end are the thin
 TransferQueue reads and writes.
 
-Row metadata comes from the agent loop (``mgrpo_verl/rollout/delegation.py``):
+Row metadata comes from the agent loop (``mgrpo_verl/agent_loops/delegation.py``):
 ``extra_fields["mgrpo"] = {"agent", "traj_id", "parent_traj_id", "score", ...}``. The row's own score is
 taken from there, not from ``rm_scores``: verl's TransferQueue agent loop copies the final output's
 reward onto every earlier output of the same call (``agent_loop_tq.py``), so ``rm_scores`` of a sub row
@@ -120,7 +120,7 @@ def decoupled_sub_table(sub_rows: list[Any], mains: Mapping[str, Mapping[str, An
 
     Args:
         sub_rows: the sub side's own rows, objects with ``key``, ``traj_id``, ``parent_traj_id``, ``uid``,
-            ``agent`` and ``score`` (e.g. :class:`mgrpo_verl.rollout.sub_service.PendingRow`).
+            ``agent`` and ``score`` (e.g. :class:`mgrpo_verl.agent_loops.sub_service.PendingRow`).
         mains: uid -> traj_id -> main record (:class:`mgrpo_verl.store.TrajectoryStat`, ``extra["session"]``
             = the main trajectory's session) for every uid of ``sub_rows``: all main trajectories of
             the query, those that made no call included, as ``StatStore.main_scores`` returns them.

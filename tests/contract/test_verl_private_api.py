@@ -55,8 +55,8 @@ TOOL_LOOP = "verl.experimental.agent_loop.tool_agent_loop"
 PER_AGENT = "mgrpo_verl/trainer/per_agent.py"
 DECOUPLED = "mgrpo_verl/trainer/decoupled.py"
 ROWS = "mgrpo_verl/trainer/rows.py"
-TOOL_DELEGATION = "mgrpo_verl/rollout/tool_delegation.py"
-SUB_SERVICE = "mgrpo_verl/rollout/sub_service.py"
+TOOL_DELEGATION = "mgrpo_verl/agent_loops/tool_delegation.py"
+SUB_SERVICE = "mgrpo_verl/agent_loops/sub_service.py"
 
 
 @dataclass(frozen=True)
@@ -194,12 +194,12 @@ SEAMS: tuple[Seam, ...] = (
                  "still only a check (no side effects we skip)"),
     # ---- TransferQueue rows
     Seam(f"{AGENT_LOOP_TQ}:AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess",
-         (SUB_SERVICE, ROWS, "mgrpo_verl/rollout/delegation.py"),
+         (SUB_SERVICE, ROWS, "mgrpo_verl/agent_loops/delegation.py"),
          "puts an agent loop's outputs into TransferQueue under {uid}_{session_id}_{index} and copies the final "
          "output's reward onto the earlier ones (rows.py rewrites rm_scores from extra_fields['mgrpo']); "
          "SubAgentService overrides it for validation calls",
          params=("self", "output", "validate", "kwargs"),
-         overrides=("mgrpo_verl.rollout.sub_service:SubAgentService._agent_loop_postprocess",),
+         overrides=("mgrpo_verl.agent_loops.sub_service:SubAgentService._agent_loop_postprocess",),
          sha256="523edacbff73640dee470baf8c1f09fb3450e4095c05d5d2226f9ef706604b5b",
          recheck="rows.py (key format, COPY_INDEX_BASE, rm_scores rewrite), delegation.py (outputs[-1] is the "
                  "trajectory's final output), SubAgentService._serve (pending keys {uid}_{session}_{i})",
@@ -220,15 +220,15 @@ SEAMS: tuple[Seam, ...] = (
     Seam(f"{TOOL_LOOP}:ToolAgentLoop._handle_generating_state", (TOOL_DELEGATION,),
          "ToolDelegationLoop overrides it: verl's step, then calls beyond the per-turn cap get an error",
          params=("self", "agent_data", "sampling_params", "ignore_termination"),
-         overrides=("mgrpo_verl.rollout.tool_delegation:ToolDelegationLoop._handle_generating_state",),
+         overrides=("mgrpo_verl.agent_loops.tool_delegation:ToolDelegationLoop._handle_generating_state",),
          sha256="c5a8a2c76f069bae6d891a821e8ec01d539214e164b02e3572c196f9ddfc729b",
          recheck="ToolDelegationLoop._handle_generating_state: the states it returns, agent_data.tool_calls, and "
                  "how max_parallel_calls truncates (we set it to sys.maxsize and cap ourselves)"),
     Seam(f"{TOOL_LOOP}:ToolAgentLoop._call_tool", (TOOL_DELEGATION,),
          "ToolDelegationLoop and _SubToolLoop override it: validation, delegation to sub-agents, tool counts",
          params=("self", "tool_call", "tools_kwargs", "agent_data"),
-         overrides=("mgrpo_verl.rollout.tool_delegation:ToolDelegationLoop._call_tool",
-                    "mgrpo_verl.rollout.tool_delegation:_SubToolLoop._call_tool"),
+         overrides=("mgrpo_verl.agent_loops.tool_delegation:ToolDelegationLoop._call_tool",
+                    "mgrpo_verl.agent_loops.tool_delegation:_SubToolLoop._call_tool"),
          sha256="f89d8960df1fe382689b7c3027e8b19118e2d22822b04617aff35bca8b722567",
          recheck="ToolDelegationLoop._call_tool: the (ToolResponse, reward, metrics) result, how active tools are "
                  "looked up, errors verl now reports itself"),
@@ -236,14 +236,14 @@ SEAMS: tuple[Seam, ...] = (
          "ToolDelegationLoop reads/writes attributes verl's __init__ sets: tools, tool_schemas, tool_parser, "
          "tool_parser_name, max_parallel_calls; and agent_data._active_tools (per-sample tool selection)",
          behaviour="tool_loop_attributes", names=("_active_tools",)),
-    Seam(f"{AGENT_LOOP}:_agent_loop_registry", ("mgrpo_verl/rollout/testing.py",),
+    Seam(f"{AGENT_LOOP}:_agent_loop_registry", ("mgrpo_verl/agent_loops/testing.py",),
          "the test harness looks registered loops up by name ({name: {'_target_': fqdn}})",
          behaviour="agent_loop_registry"),
     # ---- rollout registries and replicas
-    Seam("verl.workers.rollout.base:_ROLLOUT_REGISTRY", ("mgrpo_verl/rollout/__init__.py", "mgrpo_verl/rollout/hf_adapter.py"),
+    Seam("verl.workers.rollout.base:_ROLLOUT_REGISTRY", ("mgrpo_verl/hf_rollout/__init__.py", "mgrpo_verl/hf_rollout/adapter.py"),
          "our HF adapter is added as (name, 'async') -> fqdn; verl has no public register for adapters",
          behaviour="rollout_registry"),
-    Seam("verl.workers.rollout.replica:RolloutReplicaRegistry._registry", ("mgrpo_verl/rollout/__init__.py",),
+    Seam("verl.workers.rollout.replica:RolloutReplicaRegistry._registry", ("mgrpo_verl/hf_rollout/__init__.py",),
          "is_registered() looks our name up in it (register() is public)",
          behaviour="replica_registry"),
     Seam("verl.workers.rollout.replica:RolloutReplica.init_hybrid", ("mgrpo_verl/trainer/agents.py",),
@@ -256,11 +256,11 @@ SEAMS: tuple[Seam, ...] = (
          "AgentLLMServerManager sets rollout_replica_class before super().__init__ (verl keeps a preset one) and "
          "passes start_rank",
          behaviour="replica_class_hook", names=("rollout_replica_class",)),
-    Seam("verl.workers.rollout.replica:RolloutReplica._server_handle", ("mgrpo_verl/rollout/hf_replica.py",),
+    Seam("verl.workers.rollout.replica:RolloutReplica._server_handle", ("mgrpo_verl/hf_rollout/replica.py",),
          "HFReplica.launch_servers sets _server_handle / _server_address, which verl's server_handle / "
          "server_address properties return",
          behaviour="replica_server_fields", names=("_server_handle", "_server_address")),
-    Seam("verl.workers.rollout.llm_server:LLMServerClient._load_balancer", ("mgrpo_verl/rollout/multi_client.py",),
+    Seam("verl.workers.rollout.llm_server:LLMServerClient._load_balancer", ("mgrpo_verl/agent_loops/multi_client.py",),
          "MultiAgentLLMClient passes the main client's balancer on (getattr(..., '_load_balancer', None): a "
          "rename would silently give None)",
          behaviour="client_load_balancer"),
@@ -418,7 +418,7 @@ def keys_parsed_with_rsplit(seam: Seam) -> None:
 def ray_actor_class(seam: Seam) -> None:
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    from mgrpo_verl.rollout.sub_service import SubAgentService
+    from mgrpo_verl.agent_loops.sub_service import SubAgentService
 
     cls = resolve(seam.target)
     assert inspect.isclass(cls) and issubclass(cls, AgentLoopWorker), f"{cls!r}; {_where(seam)}"
@@ -459,7 +459,7 @@ def agent_loop_registry(seam: Seam) -> None:
 def rollout_registry(seam: Seam) -> None:
     from verl.workers.rollout import base
 
-    from mgrpo_verl.rollout import ADAPTER_FQN, ROLLOUT_NAME, register
+    from mgrpo_verl.hf_rollout import ADAPTER_FQN, ROLLOUT_NAME, register
 
     registry = resolve(seam.target)
     assert isinstance(registry, dict) and ("vllm", "async") in registry, f"{_where(seam)}"
@@ -470,7 +470,7 @@ def rollout_registry(seam: Seam) -> None:
 
 
 def replica_registry(seam: Seam) -> None:
-    from mgrpo_verl.rollout import ROLLOUT_NAME, is_registered, register
+    from mgrpo_verl.hf_rollout import ROLLOUT_NAME, is_registered, register
 
     register()
     assert ROLLOUT_NAME in resolve(seam.target) and is_registered(), f"{_where(seam)}"
@@ -659,7 +659,7 @@ def test_scan_finds_the_known_seams():
     """The scan itself works: it finds a sample of names through each of its routes."""
     used = private_verl_names_used()
     for name, user in [("_setup", PER_AGENT), ("_balance_batch", PER_AGENT), ("_engines", "mgrpo_verl/platform/engines.py"),
-                       ("_ROLLOUT_REGISTRY", "mgrpo_verl/rollout/__init__.py"), ("_active_tools", TOOL_DELEGATION),
-                       ("_agent_loop_registry", "mgrpo_verl/rollout/testing.py"), ("_server_handle", "mgrpo_verl/rollout/hf_replica.py"),
+                       ("_ROLLOUT_REGISTRY", "mgrpo_verl/hf_rollout/__init__.py"), ("_active_tools", TOOL_DELEGATION),
+                       ("_agent_loop_registry", "mgrpo_verl/agent_loops/testing.py"), ("_server_handle", "mgrpo_verl/hf_rollout/replica.py"),
                        ("__ray_actor_class__", SUB_SERVICE), ("_check_resource_available", "mgrpo_verl/trainer/placement.py")]:
         assert user in used.get(name, set()), (name, used.get(name))

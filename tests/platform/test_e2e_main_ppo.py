@@ -2,7 +2,7 @@
 
 Everything verl-side is stock; what makes it work on CPU is ours: the CPU platform, the CPU engine
 registration and the process-group patch (mgrpo_verl.platform, loaded by the ``verl.plugins`` entry point
-in every process), the HF rollout replica (mgrpo_verl.rollout) and the tiny model builder
+in every process), the HF rollout replica (mgrpo_verl.hf_rollout) and the tiny model builder
 (mgrpo_verl.models.tiny). Ray runs on 16 logical CPUs and 1 logical GPU in a private temp dir.
 """
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 # Registers the HF rollout in every process through verl's VERL_USE_EXTERNAL_MODULES hook (harmless if
 # our plugin already does it: registration is idempotent).
-ROLLOUT_SHIM = "from mgrpo_verl.rollout import register\n\nregister()\n"
+ROLLOUT_SHIM = "from mgrpo_verl.hf_rollout import register\n\nregister()\n"
 
 
 def _write_data(directory: Path) -> tuple[str, str]:
@@ -93,7 +93,7 @@ def main_ppo_overrides(model_dir: str, tokenizer_dir: str, train: str, val: str)
 
 
 def test_main_ppo_two_grpo_steps_on_cpu(tmp_path, monkeypatch):
-    rollout = pytest.importorskip("mgrpo_verl.rollout")
+    rollout = pytest.importorskip("mgrpo_verl.hf_rollout")
     tiny = pytest.importorskip("mgrpo_verl.models.tiny")
     if not hasattr(rollout, "register") or not hasattr(tiny, "build_tiny_model"):
         pytest.skip("CPU rollout replica or tiny-model builder not available")

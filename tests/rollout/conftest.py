@@ -30,7 +30,7 @@ def tokenizer(tiny_paths):
 
 @pytest.fixture(scope="module")
 def engine(tiny_paths):
-    from mgrpo_verl.rollout.engine import HFGenerationEngine
+    from mgrpo_verl.hf_rollout.engine import HFGenerationEngine
 
     torch.set_num_threads(1)
     return HFGenerationEngine.from_pretrained(tiny_paths.model_dir, dtype="float32", seed=0)

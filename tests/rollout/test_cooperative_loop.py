@@ -18,8 +18,8 @@ from verl.workers.rollout.replica import TokenOutput
 from mgrpo_verl.algorithms.config import MAGRPOConfig
 from mgrpo_verl.envs import coop_tasks
 from mgrpo_verl.envs.coop_tasks import CoopReward
-from mgrpo_verl.rollout.cooperative import AGENT_LOOP_NAME
-from mgrpo_verl.rollout.testing import build_agent_loop
+from mgrpo_verl.agent_loops.cooperative import AGENT_LOOP_NAME
+from mgrpo_verl.agent_loops.testing import build_agent_loop
 from mgrpo_verl.trainer.rows import build_row_table, scalar_advantages
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mgrpo_verl.rollout.engine import GenerationRequest, HFGenerationEngine
-from mgrpo_verl.rollout.sampling import parse_sampling_params
+from mgrpo_verl.hf_rollout.engine import GenerationRequest, HFGenerationEngine
+from mgrpo_verl.hf_rollout.sampling import parse_sampling_params
 
 PROMPTS = [
     "What is 12 + 34?",

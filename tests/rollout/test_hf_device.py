@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mgrpo_verl.rollout.hf_replica import server_launch_options
-from mgrpo_verl.rollout.hf_server import cuda_index, resolve_rollout_device
-from mgrpo_verl.rollout.sampling import BatchSampler, SamplingParams
+from mgrpo_verl.hf_rollout.replica import server_launch_options
+from mgrpo_verl.hf_rollout.server import cuda_index, resolve_rollout_device
+from mgrpo_verl.hf_rollout.sampling import BatchSampler, SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_replica_reads_the_requested_device(engine_kwargs, expected):
 
     from omegaconf import OmegaConf
 
-    from mgrpo_verl.rollout.hf_replica import HFReplica
+    from mgrpo_verl.hf_rollout.replica import HFReplica
 
     replica = object.__new__(HFReplica)  # only the config is read
     replica.config = SimpleNamespace(engine_kwargs=engine_kwargs)

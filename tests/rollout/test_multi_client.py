@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from mgrpo_verl.rollout.multi_client import MultiAgentLLMClient
+from mgrpo_verl.agent_loops.multi_client import MultiAgentLLMClient
 
 
 class _Remote:

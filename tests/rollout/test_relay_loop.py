@@ -21,11 +21,11 @@ from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.config.schema import DelegationConfig
 from mgrpo_verl.envs import relay
-from mgrpo_verl.rollout import common
-from mgrpo_verl.rollout.common import DelegationSettings
-from mgrpo_verl.rollout.delegation import SUB_CALL_LOOP_NAME
-from mgrpo_verl.rollout.remote_sub import RemoteCallError, RemoteSubAgent, SubCallReply
-from mgrpo_verl.rollout.testing import build_agent_loop
+from mgrpo_verl.agent_loops import common
+from mgrpo_verl.agent_loops.common import DelegationSettings
+from mgrpo_verl.agent_loops.delegation import SUB_CALL_LOOP_NAME
+from mgrpo_verl.agent_loops.remote_sub import RemoteCallError, RemoteSubAgent, SubCallReply
+from mgrpo_verl.agent_loops.testing import build_agent_loop
 
 DIGIT = "4"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}

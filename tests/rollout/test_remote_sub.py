@@ -10,16 +10,16 @@ import socket
 import pytest
 from aiohttp import web
 
-from mgrpo_verl.rollout import remote_sub
-from mgrpo_verl.rollout.delegation import SUB_CALL_LOOP_NAME
-from mgrpo_verl.rollout.remote_sub import (
+from mgrpo_verl.agent_loops import remote_sub
+from mgrpo_verl.agent_loops.delegation import SUB_CALL_LOOP_NAME
+from mgrpo_verl.agent_loops.remote_sub import (
     RemoteCallError,
     RemoteSubAgent,
     SubCallReply,
     SubCallRequest,
     call_or_error,
 )
-from mgrpo_verl.rollout.sub_service import SubAgentService
+from mgrpo_verl.agent_loops.sub_service import SubAgentService
 
 
 def request(**over):

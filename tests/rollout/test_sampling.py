@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mgrpo_verl.rollout.sampling import (
+from mgrpo_verl.hf_rollout.sampling import (
     BatchSampler,
     InvalidRequestError,
     SamplingParams,

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from mgrpo_verl.rollout.engine import GenerationRequest
-from mgrpo_verl.rollout.sampling import InvalidRequestError, parse_sampling_params
+from mgrpo_verl.hf_rollout.engine import GenerationRequest
+from mgrpo_verl.hf_rollout.sampling import InvalidRequestError, parse_sampling_params
 
 MAX_MODEL_LEN = 1024
 
@@ -17,7 +17,7 @@ MAX_MODEL_LEN = 1024
 def server(ray_local, tiny_paths):
     from verl.workers.config import HFModelConfig, RolloutConfig
 
-    from mgrpo_verl.rollout.hf_server import HFRolloutServer
+    from mgrpo_verl.hf_rollout.server import HFRolloutServer
 
     rollout = RolloutConfig(
         name="hf",

@@ -27,9 +27,9 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
-from mgrpo_verl.rollout import tool_delegation
-from mgrpo_verl.rollout.common import DelegationSettings
-from mgrpo_verl.rollout.testing import build_agent_loop
+from mgrpo_verl.agent_loops import tool_delegation
+from mgrpo_verl.agent_loops.common import DelegationSettings
+from mgrpo_verl.agent_loops.testing import build_agent_loop
 
 DIGIT = "4"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -319,7 +319,7 @@ def test_without_for_agent_the_main_server_plays_the_sub_agent(tokenizer):
 
 
 def test_sub_agent_with_its_own_tokenizer_and_lengths(tokenizer, tiny_paths, monkeypatch):
-    from mgrpo_verl.rollout import common
+    from mgrpo_verl.agent_loops import common
 
     monkeypatch.setattr(common, "TOKENIZERS", {})
     monkeypatch.setattr(tool_delegation, "_MODEL_TYPES", {})
@@ -563,7 +563,7 @@ def test_settings():
     assert settings.sub_prompt is None and settings.main == "planner"  # None: the loop's relay.tool_sub_messages
     bare = DelegationSettings.from_config(OmegaConf.create({"multi_agent": {"delegation": {"sub_max_turns": 5}}}))
     assert bare.sub_agents == ("sub",) and bare.delegation.sub_max_turns == 5
-    assert _agent_loop_registry["mgrpo_delegate"] == {"_target_": "mgrpo_verl.rollout.tool_delegation.ToolDelegationLoop"}
+    assert _agent_loop_registry["mgrpo_delegate"] == {"_target_": "mgrpo_verl.agent_loops.tool_delegation.ToolDelegationLoop"}
 
 
 def test_from_verls_dataset_row_to_rows(tokenizer, tmp_path):

@@ -14,9 +14,9 @@ def test_register_is_idempotent_and_resolves_classes():
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from mgrpo_verl.rollout import ADAPTER_FQN, is_registered, register
-    from mgrpo_verl.rollout.hf_adapter import HFServerAdapter
-    from mgrpo_verl.rollout.hf_replica import HFReplica
+    from mgrpo_verl.hf_rollout import ADAPTER_FQN, is_registered, register
+    from mgrpo_verl.hf_rollout.adapter import HFServerAdapter
+    from mgrpo_verl.hf_rollout.replica import HFReplica
 
     register()
     register()
@@ -58,8 +58,8 @@ def test_llm_server_manager_client_and_naive_weight_sync(ray_local, tiny_paths, 
     from verl.workers.config import CheckpointEngineConfig, RolloutConfig
     from verl.workers.rollout.llm_server import LLMServerManager
 
-    from mgrpo_verl.rollout import register
-    from mgrpo_verl.rollout.testing import ToyHybridWorker
+    from mgrpo_verl.hf_rollout import register
+    from mgrpo_verl.agent_loops.testing import ToyHybridWorker
 
     ray = ray_local
     register()
@@ -156,8 +156,8 @@ def test_server_implements_every_method_verl_calls_on_a_server():
 
     from verl.workers.rollout import llm_server, replica
 
-    from mgrpo_verl.rollout.hf_replica import HFReplica
-    from mgrpo_verl.rollout.hf_server import HFRolloutServer
+    from mgrpo_verl.hf_rollout.replica import HFReplica
+    from mgrpo_verl.hf_rollout.server import HFRolloutServer
 
     called = set()
     for module in (replica, llm_server):
@@ -187,7 +187,7 @@ def test_register_from_a_plugin_during_import_verl(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "hf_rollout_plugin_probe.py").write_text("import mgrpo_verl.rollout as r\nr.register()\n")
+    (tmp_path / "hf_rollout_plugin_probe.py").write_text("import mgrpo_verl.hf_rollout as r\nr.register()\n")
     code = (
         "import verl\n"
         "from verl.workers.rollout.base import get_rollout_class\n"

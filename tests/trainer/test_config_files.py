@@ -53,7 +53,7 @@ def test_research_presets_set_the_research_task():
     them as the tool-delegation loop would, through verl's tool registry)."""
     from verl.tools.tool_registry import load_all_tools
 
-    from mgrpo_verl.rollout.common import DelegationSettings
+    from mgrpo_verl.agent_loops.common import DelegationSettings
     from mgrpo_verl.envs.research import prompts, rewards
 
     assert "research" not in _compose("mgrpo_trainer").mgrpo_verl.task  # no preset by default

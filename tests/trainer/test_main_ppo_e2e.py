@@ -44,7 +44,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def _fingerprint(model_dir: str) -> str:
-    from mgrpo_verl.rollout.engine import weights_fingerprint
+    from mgrpo_verl.hf_rollout.engine import weights_fingerprint
 
     return weights_fingerprint(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
 

@@ -294,8 +294,8 @@ def test_rebuilt_adapter_keeps_verls_other_attributes(vllm, monkeypatch, ray_job
 def test_hf_adapter_addresses_its_offset_server(monkeypatch, tmp_path):
     """The CPU path (our HF adapter and replica) through the same worker and manager code: each adapter
     names the server actor its replica starts."""
-    from mgrpo_verl.rollout import register
-    from mgrpo_verl.rollout.hf_adapter import HFServerAdapter, server_actor_name
+    from mgrpo_verl.hf_rollout import register
+    from mgrpo_verl.hf_rollout.adapter import HFServerAdapter, server_actor_name
 
     register()
     configs = _agent_configs("actor_rollout_ref.rollout.name=hf")
@@ -444,7 +444,7 @@ def test_verl_builds_the_adapter_without_a_rank():
 def test_adapters_take_replica_rank_before_deriving_from_it(vllm):
     """vLLM's, SGLang's (source only: SGLang is not installed) and our HF adapter take ``replica_rank`` and
     use it instead of ``RANK // replica size``."""
-    from mgrpo_verl.rollout.hf_adapter import HFServerAdapter
+    from mgrpo_verl.hf_rollout.adapter import HFServerAdapter
 
     for cls in (vllm.ServerAdapter, HFServerAdapter):
         assert inspect.signature(cls.__init__).parameters["replica_rank"].default == -1

@@ -27,7 +27,7 @@ class ToyHybridWorker(Worker):
         from verl.workers.config import HFModelConfig, RolloutConfig
         from verl.workers.rollout.base import get_rollout_class
 
-        from mgrpo_verl.rollout import register as register_rollout
+        from mgrpo_verl.hf_rollout import register as register_rollout
 
         register_rollout(rollout_name)  # the plugin entry point does this in real runs
         self.rollout_config = omega_conf_to_dataclass(rollout_config, dataclass_type=RolloutConfig)

@@ -1,8 +1,8 @@
 """What the agent loops share: the delegation settings they read, one generation call, the handle of an agent
 as a loop sees it, the row metadata record, and the rules for scores and per-query statistics.
 
-Public so the loops (:mod:`~mgrpo_verl.rollout.delegation`, :mod:`~mgrpo_verl.rollout.tool_delegation`,
-:mod:`~mgrpo_verl.rollout.cooperative`) and the warm-start demonstrations import names, not each other's
+Public so the loops (:mod:`~mgrpo_verl.agent_loops.delegation`, :mod:`~mgrpo_verl.agent_loops.tool_delegation`,
+:mod:`~mgrpo_verl.agent_loops.cooperative`) and the warm-start demonstrations import names, not each other's
 privates. Nothing here is registered with verl.
 """
 

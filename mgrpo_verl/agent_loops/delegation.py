@@ -8,7 +8,7 @@
    ``d = min_calls + sum(plan token ids) % (max_calls - min_calls + 1)``, a function of the main agent's
    own output, so ``d`` varies between rollouts (and is 0 sometimes when ``min_calls`` is 0);
 3. the ``d`` calls run concurrently on the sub-agent's own model: ``server_manager.for_agent(sub)``
-   (a :class:`~mgrpo_verl.rollout.multi_client.MultiAgentLLMClient`), or ``server_manager`` itself when
+   (a :class:`~mgrpo_verl.agent_loops.multi_client.MultiAgentLLMClient`), or ``server_manager`` itself when
    it has no ``for_agent`` (single-agent baseline: one model plays every role). Each call sees the
    secret digit and the plan (prompt in the sub-agent's own tokenizer) and yields one sub row;
 4. the main agent sees the observation ``"Helper said: a1 | a2 | ..."`` (``"Helper was not asked."``
@@ -72,8 +72,8 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.utils import normalize_token_ids
 
 from mgrpo_verl.envs import relay
-from mgrpo_verl.rollout import common  # the module, not its names (see cooperative.py)
-from mgrpo_verl.rollout.remote_sub import (
+from mgrpo_verl.agent_loops import common  # the module, not its names (see cooperative.py)
+from mgrpo_verl.agent_loops.remote_sub import (
     RemoteSubAgent,
     SubCallReply,
     SubCallRequest,
@@ -91,7 +91,7 @@ TRUNCATED = "...(truncated)"
 
 
 #: Per-process memo of the resolved sub-agent per (server manager, trainer config, tokenizer) objects, for
-#: the reason and rules of :data:`mgrpo_verl.rollout.common.MEMO_SIZE`.
+#: the reason and rules of :data:`mgrpo_verl.agent_loops.common.MEMO_SIZE`.
 _SUB_AGENTS: dict[tuple[int, int, int], tuple[tuple[Any, Any, Any], common.AgentHandle]] = {}
 
 
@@ -374,7 +374,7 @@ class RelayDelegationLoop(AgentLoopBase):
 
 @register(SUB_CALL_LOOP_NAME)
 class RelaySubCallLoop(AgentLoopBase):
-    """One relay sub-agent call, run by a sub side in decoupled mode (:mod:`mgrpo_verl.rollout.sub_service`).
+    """One relay sub-agent call, run by a sub side in decoupled mode (:mod:`mgrpo_verl.agent_loops.sub_service`).
 
     The same call as :meth:`RelayDelegationLoop._call_sub` in the synchronous mode: the prompt is the chat
     ``raw_prompt`` in this model's chat template, left-truncated to its ``prompt_length``; at most

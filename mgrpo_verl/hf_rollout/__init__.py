@@ -6,21 +6,21 @@ on GPUs select it explicitly (the GPU default is vLLM); the model then goes to t
 
 Pieces:
 
-* :class:`~mgrpo_verl.rollout.hf_replica.HFReplica` — the ``RolloutReplica`` (``RolloutReplicaRegistry``);
-* :class:`~mgrpo_verl.rollout.hf_server.HFRolloutServer` — the server actor (batched generation);
-* :class:`~mgrpo_verl.rollout.hf_adapter.HFServerAdapter` — the in-worker ``BaseRollout`` through which
+* :class:`~mgrpo_verl.hf_rollout.replica.HFReplica` — the ``RolloutReplica`` (``RolloutReplicaRegistry``);
+* :class:`~mgrpo_verl.hf_rollout.server.HFRolloutServer` — the server actor (batched generation);
+* :class:`~mgrpo_verl.hf_rollout.adapter.HFServerAdapter` — the in-worker ``BaseRollout`` through which
   verl's naive checkpoint-engine path pushes new weights after each step (``_ROLLOUT_REGISTRY``);
-* :class:`~mgrpo_verl.rollout.engine.HFGenerationEngine` — the Ray-free batched generator underneath.
+* :class:`~mgrpo_verl.hf_rollout.engine.HFGenerationEngine` — the Ray-free batched generator underneath.
 """
 
 from __future__ import annotations
 
 ROLLOUT_NAME = "hf"
-ADAPTER_FQN = "mgrpo_verl.rollout.hf_adapter.HFServerAdapter"
+ADAPTER_FQN = "mgrpo_verl.hf_rollout.adapter.HFServerAdapter"
 
 
 def _load_replica():
-    from mgrpo_verl.rollout.hf_replica import HFReplica
+    from mgrpo_verl.hf_rollout.replica import HFReplica
 
     return HFReplica
 

@@ -11,7 +11,7 @@ It implements the methods verl 0.9.1 calls on a rollout server actor (the ``vLLM
 * ``set_global_steps``, ``abort_request``, ``wait_for_requests_to_drain``, ``get_server_address``,
   ``get_rollout_config`` — as on verl's vLLM server;
 
-plus the weight-update endpoint our in-worker adapter (:mod:`mgrpo_verl.rollout.hf_adapter`) drives:
+plus the weight-update endpoint our in-worker adapter (:mod:`mgrpo_verl.hf_rollout.adapter`) drives:
 ``begin_weight_update`` -> ``update_weights_bucket`` (repeated) -> ``finish_weight_update``.
 
 Batching: requests are validated on arrival and queued. A scheduler task takes everything queued (up to
@@ -29,7 +29,7 @@ Server options come from ``actor_rollout_ref.rollout.engine_kwargs.hf`` (all opt
     batch_wait_ms: 5.0         # before a batch starts, wait until no request arrived for this long ...
     max_batch_wait_ms: 30.0    # ... but at most this long (bursts from the agent loop join one batch)
 
-Device: :class:`~mgrpo_verl.rollout.hf_replica.HFReplica` resolves it (:func:`resolve_rollout_device`)
+Device: :class:`~mgrpo_verl.hf_rollout.replica.HFReplica` resolves it (:func:`resolve_rollout_device`)
 from the device its actor worker trains on and passes it here with the worker's GPU id. On ``cuda`` the
 model goes to that GPU (:func:`cuda_index`; the process's visible devices are not changed, because verl's
 plugin loading has initialised CUDA before the constructor runs) and stays there for the whole run:
@@ -48,8 +48,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgrpo_verl.rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine, weights_fingerprint
-from mgrpo_verl.rollout.sampling import (
+from mgrpo_verl.hf_rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine, weights_fingerprint
+from mgrpo_verl.hf_rollout.sampling import (
     LOGPROBS_MODES,
     InvalidRequestError,
     parse_sampling_params,

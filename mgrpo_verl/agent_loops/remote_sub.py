@@ -6,7 +6,7 @@ produced (tokens never leave it) and trains on them. The main side's agent loops
 :class:`RemoteSubAgent`, one per sub-agent, which is what ``MultiAgentLLMClient.for_agent(sub)``
 returns there.
 
-HTTP endpoints of a sub side (:mod:`mgrpo_verl.rollout.sub_service`), JSON bodies:
+HTTP endpoints of a sub side (:mod:`mgrpo_verl.agent_loops.sub_service`), JSON bodies:
 
 * ``GET /health`` -> ``{"agent", "policy_version", "pending_rows", "validating"}``;
 * ``POST /v1/sub_call`` :class:`SubCallRequest` -> :class:`SubCallReply`; an error answers with a

@@ -50,7 +50,7 @@ from mgrpo_verl.envs import coop_tasks
 from mgrpo_verl.envs.coop_tasks import COOP_LOOP_NAME, CoopReward, CoopTask, Turn
 
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
-from mgrpo_verl.rollout import common
+from mgrpo_verl.agent_loops import common
 
 logger = logging.getLogger(__name__)
 

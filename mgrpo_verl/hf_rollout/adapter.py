@@ -2,7 +2,7 @@
 
 verl builds one per hybrid actor worker through ``get_rollout_class(rollout.name, rollout.mode)``
 (``workers/engine_workers.py``; ``checkpoint_engine/base.py`` for colocated / standalone replicas), which
-reads the private ``_ROLLOUT_REGISTRY`` dict; :func:`mgrpo_verl.rollout.register` inserts this class there.
+reads the private ``_ROLLOUT_REGISTRY`` dict; :func:`mgrpo_verl.hf_rollout.register` inserts this class there.
 
 After each training step verl's naive checkpoint-engine path runs, in every actor worker
 (``ActorRolloutRefWorker.update_weights(mode="naive")``)::

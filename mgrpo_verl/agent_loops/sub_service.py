@@ -1,7 +1,7 @@
 """The sub side's delegation service (decoupled M-GRPO): it serves one sub-agent's model to the main side.
 
 :class:`SubAgentService` is verl's TransferQueue agent-loop worker (``AgentLoopWorkerTQ``) with an HTTP
-front (``aiohttp``, endpoints in :mod:`mgrpo_verl.rollout.remote_sub`). Each call runs the registered
+front (``aiohttp``, endpoints in :mod:`mgrpo_verl.agent_loops.remote_sub`). Each call runs the registered
 agent loop the request names (e.g. ``mgrpo_relay_sub``) on this process's own rollout servers, through
 verl's own ``_run_agent_loop``, so the row lands in this cluster's TransferQueue exactly as a
 synchronous rollout's row would (``{uid}_{session}_{index}`` keys, verl's fields and tags). The
@@ -25,7 +25,7 @@ from typing import Any
 
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from mgrpo_verl.rollout.remote_sub import CALL_PATH, HEALTH_PATH, MODE_PATH, SubCallRequest
+from mgrpo_verl.agent_loops.remote_sub import CALL_PATH, HEALTH_PATH, MODE_PATH, SubCallRequest
 
 logger = logging.getLogger(__name__)
 

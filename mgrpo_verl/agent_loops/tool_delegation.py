@@ -28,7 +28,7 @@ Design: reuse verl's ``ToolAgentLoop``, by subclassing for the main agent and by
 * Each delegation call runs a plain verl ``ToolAgentLoop`` (**composition**), built once per rollout and
   sub-agent (so configuration errors raise before anything is generated) with the sub-agent's client
   (``server_manager.for_agent(sub)``; the server manager itself when it has no ``for_agent``, i.e. one
-  model plays every role), tokenizer (as :mod:`mgrpo_verl.rollout.delegation` resolves it from the client's
+  model plays every role), tokenizer (as :mod:`mgrpo_verl.agent_loops.delegation` resolves it from the client's
   ``config``), tools (``actor_rollout_ref.rollout.multi_turn.tool_config_path`` / ``function_tool_path`` of
   the client's ``config``; none without a ``config``), its ``prompt_length`` / ``response_length``, and
   ``multi_turn.max_assistant_turns = multi_agent.delegation.sub_max_turns``. Its prompt is
@@ -44,7 +44,7 @@ Concurrency: the calls of one main turn run concurrently (verl's ``gather``); pe
 context variable, so a loop instance may even run several rollouts at once. Call indices follow the order
 of the calls in the main agent's output (each call takes its index before its first ``await``).
 
-Rows: the contract of :mod:`mgrpo_verl.rollout.delegation` (read by the M-GRPO trainer):
+Rows: the contract of :mod:`mgrpo_verl.agent_loops.delegation` (read by the M-GRPO trainer):
 ``[sub rows in call order..., main row]``, one sub row per delegation call that returned a report.
 
 * ``extra_fields["mgrpo"]`` = ``{"agent", "traj_id", "parent_traj_id", "score", "calls", "failed_calls",
@@ -61,8 +61,8 @@ Rows: the contract of :mod:`mgrpo_verl.rollout.delegation` (read by the M-GRPO t
   "failed_calls", "main_tokens", "sub_tokens" (response tokens generated), "tool/<name>": calls of each tool
   of the main agent and the sub-agents that ran (delegation excluded), "tool/parse_errors" (tool calls of
   the main agent that could not be parsed), "reward/errors" (scores that raised or were not finite: scored
-  0, :func:`mgrpo_verl.rollout.common.safe_score`), "answer" (final text), "source", "level", "id"}``
-  (:func:`mgrpo_verl.rollout.common.query_stats`);
+  0, :func:`mgrpo_verl.agent_loops.common.safe_score`), "answer" (final text), "source", "level", "id"}``
+  (:func:`mgrpo_verl.agent_loops.common.query_stats`);
 * staleness tags: each row's generations' ``TokenOutput.extra_fields`` merged (min of
   ``min_global_steps``, max of ``max_global_steps``, speculative-decoding counters summed, other keys from
   the last generation); every row sets the same fields (``response_logprobs`` always, zeros where the
@@ -116,7 +116,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
-from mgrpo_verl.rollout import common, delegation
+from mgrpo_verl.agent_loops import common, delegation
 
 logger = logging.getLogger(__name__)
 

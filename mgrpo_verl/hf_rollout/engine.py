@@ -1,7 +1,7 @@
 """Batched token-in / token-out generation with a Hugging Face causal LM (CPU, or one CUDA device).
 
 :class:`HFGenerationEngine` is synchronous and knows nothing of Ray or verl's server protocol; the Ray
-actor in :mod:`mgrpo_verl.rollout.hf_server` runs it on one worker thread and feeds it batches.
+actor in :mod:`mgrpo_verl.hf_rollout.server` runs it on one worker thread and feeds it batches.
 
 One batch = left-padded prompts, one prefill, then one decode step per token with a KV cache
 (:class:`transformers.DynamicCache`). Rows that finish (EOS, stop token, ``max_tokens``, abort) leave the
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mgrpo_verl.rollout.sampling import BatchSampler, SamplingParams
+from mgrpo_verl.hf_rollout.sampling import BatchSampler, SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.replica import RolloutReplica
 
-from mgrpo_verl.rollout.hf_adapter import server_actor_name
-from mgrpo_verl.rollout.hf_server import ENGINE_KWARGS_KEY, HFRolloutServer, resolve_rollout_device
+from mgrpo_verl.hf_rollout.adapter import server_actor_name
+from mgrpo_verl.hf_rollout.server import ENGINE_KWARGS_KEY, HFRolloutServer, resolve_rollout_device
 
 
 def worker_placement(worker: Any) -> tuple[str, str, list[str]]:
@@ -38,7 +38,7 @@ def worker_placement(worker: Any) -> tuple[str, str, list[str]]:
 def server_launch_options(device: str, noset_envvars: list[str]) -> dict[str, Any]:
     """Extra Ray options of the server actor for ``device``: none on CPU; on an accelerator, Ray is told
     not to rewrite the visible-device variables (as verl does for its vLLM server), so the server sees the
-    node's devices and picks its worker's GPU itself (:func:`~mgrpo_verl.rollout.hf_server.cuda_index`)."""
+    node's devices and picks its worker's GPU itself (:func:`~mgrpo_verl.hf_rollout.server.cuda_index`)."""
     if device == "cpu":
         return {}
     return {"runtime_env": {"env_vars": {name: "1" for name in noset_envvars}}}
