@@ -3,9 +3,9 @@
 What differs from ``python -m verl.trainer.main_ppo``:
 
 1. the config is ``mgrpo_verl/config/mgrpo_trainer.yaml`` (verl's ``ppo_trainer`` + ``mgrpo_verl:`` +
-   ``multi_agent:``: M-GRPO with one model per agent, our ``mgrpo`` trainer; ``--config-name
-   single_agent`` is verl's own GRPO trainer with one model),
-   resolved once here, which builds the built-in model and data on first use;
+   ``multi_agent:``: M-GRPO with one model per agent, our ``mgrpo`` trainer, or the decoupled side that
+   ``multi_agent.decoupled.role`` names; ``--config-name single_agent`` is verl's own GRPO trainer with one
+   model), resolved once here, which builds the built-in model and data on first use;
 2. on the CPU platform Ray runs in a private temporary directory with no auth token in the user's home,
    with enough logical CPUs, and every Ray worker selects the CPU platform;
 3. Ray is shut down on success, on error and on Ctrl-C;
@@ -29,7 +29,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mgrpo_verl.config.resolvers import register_resolvers, uses_cpu
+from mgrpo_verl.config.resolvers import register_resolvers, trainer_mode, uses_cpu
 from mgrpo_verl.trainer.multi_agent_config import check_model_paths, check_rollout_n, multi_agent_enabled, parse_multi_agent
 from mgrpo_verl.trainer.memory import preflight
 
@@ -152,6 +152,8 @@ def run(config: DictConfig) -> dict[str, Any]:
 
             check_store_reachable(ma.decoupled.store, "multi_agent.decoupled.store")
         preflight(config)  # a layout that cannot fit in GPU memory, refused with the figures
+        # the role picks the trainer mode (the class verl's registry starts); a contradicting mode is refused
+        config.trainer.v1.trainer_mode = trainer_mode(ma.decoupled.role, config.trainer.v1.trainer_mode)
         reward_key = f"agent/{ma.decoupled.train_agent if ma.decoupled.role == 'sub' else ma.main}/score/mean"
     else:
         check_model_paths(config)

@@ -21,8 +21,10 @@ def ensure_registered() -> None:
 
 
 def register_multi_agent() -> None:
-    """Our agent loops and the ``mgrpo`` trainer, registered when verl defines their registries, so a
-    process that never imports verl's agent-loop or trainer modules pays nothing.
+    """Our agent loops and our trainer modes (:data:`mgrpo_verl.config.resolvers.TRAINER_MODES`), registered
+    when verl defines their registries, so a process that never imports verl's agent-loop or trainer modules
+    pays nothing. The trainer modes come with verl's v1 trainer package: ``mgrpo`` (``per_agent``), then
+    ``mgrpo_decoupled_main`` / ``mgrpo_decoupled_sub`` (``decoupled``) as soon as ``per_agent`` is complete.
 
     A registration that fails makes the import of the verl module fail with its error (see
     :mod:`mgrpo_verl.platform._import_hooks`), never a later "unknown trainer". verl's own mechanisms were
@@ -38,6 +40,9 @@ def register_multi_agent() -> None:
     when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.tool_delegation"))
     when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.cooperative"))
     when_imported("verl.trainer.ppo.v1", lambda _: import_module("mgrpo_verl.trainer.per_agent"))
+    # the decoupled sides subclass MultiAgentTrainer: imported once per_agent is complete (per_agent imports
+    # verl's v1 package itself, so the hook above may run while per_agent is half-imported)
+    when_imported("mgrpo_verl.trainer.per_agent", lambda _: import_module("mgrpo_verl.trainer.decoupled"))
 
 
 ensure_registered()

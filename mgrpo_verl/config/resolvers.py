@@ -4,14 +4,21 @@ Each resolver is a pure function of its arguments and of what the machine has; n
 They are registered by :func:`register_resolvers` before Hydra composes the config, and the driver
 resolves the config once before Ray starts (so Ray workers never need them).
 
-| resolver | value |
-|---|---|
-| ``mgrpo_device:<mode>`` | ``cpu`` when mode is ``cpu``, or ``auto`` and the CPU platform is active; else verl's device (``cuda``) |
-| ``mgrpo_if_cpu:<mode>,<a>,<b>`` | ``a`` on CPU, ``b`` otherwise (rollout ``hf`` / ``vllm``, remove-padding ``false`` / ``true``, Ray's logical CPUs and GPUs / ``null`` = detect) |
-| ``mgrpo_attn:<mode>`` | Hugging Face attention: ``sdpa`` on CPU; on accelerators ``flash_attention_2`` when ``flash_attn`` imports, else ``sdpa`` (logged once) |
-| ``mgrpo_task_file:<task>,<split>`` | path of a built-in task's parquet file (written once into the cache) |
-| ``mgrpo_model:<name>`` | directory of a built-in model (built once into the cache) |
-| ``mgrpo_tokenizer:<name>,<model path>`` | the built-in model's tokenizer directory when ``model path`` is that model, else ``null`` (verl then uses the model's own) |
+- ``mgrpo_device:<mode>``: ``cpu`` when mode is ``cpu``, or ``auto`` and the CPU platform is active; else
+  verl's device (``cuda``);
+- ``mgrpo_if_cpu:<mode>,<a>,<b>``: ``a`` on CPU, ``b`` otherwise (rollout ``hf`` / ``vllm``, remove-padding
+  ``false`` / ``true``, Ray's logical CPUs and GPUs / ``null`` = detect);
+- ``mgrpo_attn:<mode>``: Hugging Face attention: ``sdpa`` on CPU; on accelerators ``flash_attention_2`` when
+  ``flash_attn`` imports, else ``sdpa`` (logged once);
+- ``mgrpo_task_file:<task>,<split>``: path of a built-in task's parquet file (written once into the cache);
+- ``mgrpo_model:<name>``: directory of a built-in model (built once into the cache);
+- ``mgrpo_tokenizer:<name>,<model path>``: the built-in model's tokenizer directory when ``model path`` is
+  that model, else ``null`` (verl then uses the model's own);
+- ``mgrpo_config_file:<relative path>``: absolute path of a file shipped in ``mgrpo_verl/config/``.
+
+Also here, because the config layer owns it and it must be importable without verl's trainer: the table of
+our trainer modes (:data:`TRAINER_MODES`) and the rule that turns ``multi_agent.decoupled.role`` into one
+(:func:`trainer_mode`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,13 @@ from omegaconf import OmegaConf
 
 DEVICE_MODES = ("auto", "cpu", "accelerator")
 
+TRAINER_MODES: dict[Optional[str], str] = {
+    None: "mgrpo",  # one process trains every agent: MultiAgentTrainer (trainer/per_agent.py)
+    "main": "mgrpo_decoupled_main",  # DecoupledMainTrainer (trainer/decoupled.py)
+    "sub": "mgrpo_decoupled_sub",  # DecoupledSubTrainer (trainer/decoupled.py)
+}
+"""``multi_agent.decoupled.role`` -> the ``trainer.v1.trainer_mode`` (verl's trainer registry) that runs it."""
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,6 +51,23 @@ def uses_cpu(mode: str) -> bool:
     from mgrpo_verl.platform import cpu_platform_active
 
     return cpu_platform_active()
+
+
+def trainer_mode(role: Optional[str], configured: str) -> str:
+    """The trainer mode of a multi-agent run whose ``multi_agent.decoupled.role`` is ``role`` and whose
+    ``trainer.v1.trainer_mode`` is ``configured``: ``TRAINER_MODES[role]``. Users set only the role, so
+    ``configured`` is ``"mgrpo"`` (the YAML's) or already that mode; any other value contradicts the role
+    (or is one of verl's single-model modes) and raises ``ValueError``."""
+    if role not in TRAINER_MODES:
+        raise ValueError(f"multi_agent.decoupled.role must be null, 'main' or 'sub', got {role!r}")
+    expected = TRAINER_MODES[role]
+    if configured not in (TRAINER_MODES[None], expected):
+        raise ValueError(
+            f"trainer.v1.trainer_mode={configured!r} contradicts multi_agent.decoupled.role={role!r}, which runs "
+            f"the trainer mode {expected!r}: set only the role and leave trainer.v1.trainer_mode at "
+            f"{TRAINER_MODES[None]!r} (the role picks the mode)"
+        )
+    return expected
 
 
 def _device(mode: str) -> str:

@@ -1,7 +1,11 @@
 """Decoupled M-GRPO: the main side and the sub side, each its own ``python -m mgrpo_verl.main_ppo``.
 
-``multi_agent.decoupled.role`` picks the class (:meth:`MultiAgentTrainer.__new__`); the rest of the
-``multi_agent`` section is the same on both sides. What crosses between them: delegation calls and
+Each side is a trainer mode of its own, registered with verl's trainer registry: ``mgrpo_decoupled_main``
+(:class:`DecoupledMainTrainer`) and ``mgrpo_decoupled_sub`` (:class:`DecoupledSubTrainer`), both subclasses
+of the synchronous :class:`~mgrpo_verl.trainer.per_agent.MultiAgentTrainer`. Users set only
+``multi_agent.decoupled.role``; ``mgrpo_verl.main_ppo`` sets ``trainer.v1.trainer_mode`` from it before Ray
+starts (:func:`mgrpo_verl.config.resolvers.trainer_mode`). The rest of the ``multi_agent`` section is the
+same on both sides. What crosses between them: delegation calls and
 their answers (text, over HTTP, :mod:`mgrpo_verl.agent_loops.remote_sub`) and one record per main
 trajectory (ids, uid, score, format flag, step, version, the sub calls it used) through the store
 (:mod:`mgrpo_verl.store`). No tensor, no gradient.
@@ -11,18 +15,21 @@ Its relay loops call remote sub-agents; after computing its advantages it publis
 then trains. Its validation is announced to the sub sides, which then keep no rows.
 
 **Sub side** (:class:`DecoupledSubTrainer`): trains ``decoupled.train_agent``'s model and serves it
-(:class:`~mgrpo_verl.agent_loops.sub_service.SubAgentService`). It samples no prompts of its own; a step:
+(:class:`~mgrpo_verl.agent_loops.sub_service.SubAgentService`). It samples no prompts of its own; a step
+(:meth:`DecoupledSubTrainer._step_once`):
 
-1. wait until some pending rows' parents are in the store (a row whose parent has not come after
-   ``wait_timeout_s``, or whose parent is older than ``max_policy_lag`` versions, gets
-   ``missing_policy``: ``skip`` drops it and counts it, ``error`` raises);
-2. drop rows the parent does not list in ``sub_calls`` (the main side had given up on them) and rows
-   this consumer already trained on (a resumed run), counted;
-3. close the service's gate, rebuild the synchronous row table from the rows and their queries' main
-   records (:func:`~mgrpo_verl.trainer.rows.decoupled_sub_table`), then the synchronous step from the
-   advantages on (same functions: M-GRPO, alignment to ``D_max``, verl's update);
-4. publish its own rows' records (own score, advantage: an audit trail), mark them consumed; sync the
-   weights; open the gate.
+1. sample: wait until some pending rows' parents are in the store (a row whose parent has not come
+   after ``wait_timeout_s``, or whose parent is older than ``max_policy_lag`` versions, gets
+   ``missing_policy``: ``skip`` drops it and counts it, ``error`` raises); drop rows the parent does not
+   list in ``sub_calls`` (the main side had given up on them) and rows this consumer already trained on
+   (a resumed run), counted; close the service's gate;
+2. score and advantages: rebuild the synchronous row table from the rows and their queries' main
+   records (:func:`~mgrpo_verl.trainer.rows.decoupled_sub_table`), M-GRPO on it;
+3. align as the synchronous step (``D_max``), and publish its own rows' records (own score, advantage:
+   an audit trail);
+4. log the served agents' statistics;
+5. update its model (verl's chain, as the synchronous step);
+6. mark the rows consumed; then (``on_step_end``) sync the weights and open the gate.
 
 Exactly once: records are keyed by ``traj_id``; marks are made in the step that trains, and a resumed
 sub side releases the marks of steps after its checkpoint.
@@ -37,10 +44,14 @@ import numpy as np
 import ray
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils.debug import marked_timer
 
+from mgrpo_verl.config.resolvers import TRAINER_MODES
 from mgrpo_verl.agent_loops.remote_sub import RemoteSubAgent, RemoteCallError
-from mgrpo_verl.agent_loops.sub_service import PendingRow, SubAgentService
+# the module, not its names: sub_service imports verl's v1 trainer package, whose import hook (our plugin) may
+# import this module while sub_service is still half-imported
+from mgrpo_verl.agent_loops import sub_service
 from mgrpo_verl.store import TrajectoryStat, open_store
 from mgrpo_verl.trainer.per_agent import MultiAgentTrainer, _row_metrics
 from mgrpo_verl.trainer.rows import ROW_META, RowTable, _as_list, decoupled_sub_table, scalar_advantages, write_row_values
@@ -48,8 +59,11 @@ from mgrpo_verl.trainer.rows import ROW_META, RowTable, _as_list, decoupled_sub_
 logger = logging.getLogger(__name__)
 
 
+@register_trainer(TRAINER_MODES["main"])
 class DecoupledMainTrainer(MultiAgentTrainer):
     """The main side of decoupled M-GRPO (see the module docstring)."""
+
+    ROLE = "main"
 
     def _setup(self):
         super()._setup()
@@ -123,8 +137,11 @@ class DecoupledMainTrainer(MultiAgentTrainer):
         self.store.put(records)
 
 
+@register_trainer(TRAINER_MODES["sub"])
 class DecoupledSubTrainer(MultiAgentTrainer):
     """The sub side of decoupled M-GRPO (see the module docstring)."""
+
+    ROLE = "sub"
 
     def _setup(self):
         super()._setup()
@@ -143,7 +160,7 @@ class DecoupledSubTrainer(MultiAgentTrainer):
     def on_init_end(self):
         super().on_init_end()
         d = self.multi_agent.decoupled
-        service_cls = ray.remote(SubAgentService)
+        service_cls = ray.remote(sub_service.SubAgentService)
         self.service = service_cls.options(name=f"mgrpo_sub_service_{d.train_agent}", max_concurrency=1000).remote(
             self.rt.config, self.rt.llm.get_client(), self.served_agents[0]
         )
@@ -183,40 +200,65 @@ class DecoupledSubTrainer(MultiAgentTrainer):
         ray.get(self.service.resume.remote(self.global_steps))
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
-        ma = self.multi_agent
-        with marked_timer("gen", timing_raw, color="red"):  # here: waiting for calls and their parents' scores
+        """The synchronous step on the rows of the main side's calls (see the module docstring)."""
+        # 1. sample: wait for served rows whose parents are in the store; close the gate
+        with marked_timer("gen", timing_raw, color="red"):
             rows, mains = self._take_ready_rows(metrics)
             self.on_sample_end()
-            version_of = {r.key: r.policy_version for r in rows}
-
         with marked_timer("adv", timing_raw, color="brown"):
-            table = decoupled_sub_table(rows, mains)
-            advantage = scalar_advantages(table, "mgrpo", ma.mgrpo)
-            sub = np.flatnonzero(~table.is_main)
-            sub_keys = [str(k) for k in table.keys[sub]]
-            write_row_values(sub_keys, "train", {"rm_scores": table.score[sub], "advantages": advantage[sub], "returns": advantage[sub]})
+            # 2. score and advantages: the synchronous row table rebuilt from the rows and their main records
+            table, advantage = self._compute_sub_advantages(rows, mains)
+            # 3. align as the synchronous step; publish the audit records of this side's rows
             alignment, updates = self._plan_updates(table, advantage)
-            # the sub side's own records: who was trained on, with which own score and advantage (an audit
-            # trail: the synchronous advantages can be recomputed from the store alone)
-            self.store.put([
-                TrajectoryStat(traj_id=str(table.traj_id[i]), uid=str(table.uid[i]), agent=str(table.agent[i]),
-                               parent_traj_id=str(table.parent_traj_id[i]), score=float(table.score[i]),
-                               step=self.global_steps, policy_version=version_of[str(table.keys[i])],
-                               extra={"advantage": float(advantage[i])})
-                for i in sub
-            ])
-        listed = tq.kv_list(partition_id="train").get("train", {})
-        tag_of = {k: listed.get(k, {}) for k in sub_keys}
-        row_tags = [tag_of.get(str(k), {}) for k in table.keys]
-        served = {f"agent/{a}/" for a in self.rt.plays}
-        metrics.update({k: v for k, v in _row_metrics(table, advantage, row_tags, alignment).items()
-                        if any(k.startswith(p) for p in served) or k.startswith("mgrpo/align/")})
-        batch = KVBatchMeta(partition_id="train", keys=sub_keys, tags=[tag_of[k] for k in sub_keys])
+            self._publish_sub_records(table, advantage, rows)
+        batch, row_tags = self._sub_rows(table)  # this side's rows, with their TransferQueue tags
+        # 4. log: statistics of the agents this side serves, and the alignment
+        metrics.update(self._served_metrics(table, advantage, row_tags, alignment))
+        # 5. update this side's model (as the synchronous step)
         keys, tags = self._train_models(batch, table, updates, metrics, timing_raw)
+        # 6. mark the rows consumed (exactly once)
         self.store.mark_consumed(self.consumer, [r.traj_id for r in rows], step=self.global_steps)
         return KVBatchMeta(partition_id="train", keys=keys, tags=tags)
 
-    def _take_ready_rows(self, metrics: dict) -> tuple[list[PendingRow], dict]:
+    def _compute_sub_advantages(self, rows: list[sub_service.PendingRow], mains: dict) -> tuple[RowTable, np.ndarray]:
+        """The synchronous row table of ``rows`` and their queries' main records, its M-GRPO advantages; this
+        side's rows get theirs written back as ``rm_scores`` (own score), ``advantages`` and ``returns``."""
+        table = decoupled_sub_table(rows, mains)
+        advantage = scalar_advantages(table, "mgrpo", self.multi_agent.mgrpo)
+        sub = np.flatnonzero(~table.is_main)
+        write_row_values([str(k) for k in table.keys[sub]], "train",
+                         {"rm_scores": table.score[sub], "advantages": advantage[sub], "returns": advantage[sub]})
+        return table, advantage
+
+    def _publish_sub_records(self, table: RowTable, advantage: np.ndarray, rows: list[sub_service.PendingRow]) -> None:
+        """This side's own records: who was trained on, with which own score and advantage (an audit trail:
+        the synchronous advantages can be recomputed from the store alone)."""
+        version_of = {r.key: r.policy_version for r in rows}
+        self.store.put([
+            TrajectoryStat(traj_id=str(table.traj_id[i]), uid=str(table.uid[i]), agent=str(table.agent[i]),
+                           parent_traj_id=str(table.parent_traj_id[i]), score=float(table.score[i]),
+                           step=self.global_steps, policy_version=version_of[str(table.keys[i])],
+                           extra={"advantage": float(advantage[i])})
+            for i in np.flatnonzero(~table.is_main)
+        ])
+
+    @staticmethod
+    def _sub_rows(table: RowTable) -> tuple[KVBatchMeta, list[dict]]:
+        """This side's real rows of ``table`` as a batch (keys and TransferQueue tags), and the tag of every
+        table row (``{}`` for the main rows, which live on the main side)."""
+        sub_keys = [str(k) for k in table.keys[np.flatnonzero(~table.is_main)]]
+        listed = tq.kv_list(partition_id="train").get("train", {})
+        tag_of = {k: listed.get(k, {}) for k in sub_keys}
+        row_tags = [tag_of.get(str(k), {}) for k in table.keys]
+        return KVBatchMeta(partition_id="train", keys=sub_keys, tags=[tag_of[k] for k in sub_keys]), row_tags
+
+    def _served_metrics(self, table: RowTable, advantage: np.ndarray, row_tags: list[dict], alignment) -> dict:
+        """The synchronous step's row metrics of the agents this model plays, and the alignment's."""
+        served = {f"agent/{a}/" for a in self.rt.plays}
+        return {k: v for k, v in _row_metrics(table, advantage, row_tags, alignment).items()
+                if any(k.startswith(p) for p in served) or k.startswith("mgrpo/align/")}
+
+    def _take_ready_rows(self, metrics: dict) -> tuple[list[sub_service.PendingRow], dict]:
         """Pending rows whose parents are in the store (at least one), and their queries' main records.
 
         Rows that cannot be trained on are dropped from the service and TransferQueue, and counted in
@@ -225,7 +267,7 @@ class DecoupledSubTrainer(MultiAgentTrainer):
         counts = dict.fromkeys(("missing_parent", "stale_parent", "unclaimed", "already_consumed"), 0)
         start = time.monotonic()
         while True:
-            pending = [PendingRow(**r) for r in ray.get(self.service.pending_rows.remote())]
+            pending = [sub_service.PendingRow(**r) for r in ray.get(self.service.pending_rows.remote())]
             status = ray.get(self.service.stats.remote())
             ready, dropped = [], []
             if pending:

@@ -1,5 +1,9 @@
 """``trainer.v1.trainer_mode=mgrpo``: verl's v1 trainer with one model per agent (M-GRPO).
 
+The two sides of decoupled M-GRPO subclass it under trainer modes of their own
+(:mod:`mgrpo_verl.trainer.decoupled`); :data:`~mgrpo_verl.config.resolvers.TRAINER_MODES` maps
+``multi_agent.decoupled.role`` to the mode, which ``mgrpo_verl.main_ppo`` sets before Ray starts.
+
 What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing else:
 
 - **setup**: a hybrid actor/ref/rollout worker group, set of rollout servers and checkpoint engine per
@@ -7,9 +11,9 @@ What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing e
   (``multi_agent.placement: shared``: several agents on one GPU), after a memory pre-flight
   (``memory.py``); and an LLM client that routes each agent's generations to its own servers
   (``MultiAgentLLMClient``);
-- **step** (:meth:`MultiAgentTrainer._step_once`, below): rows of every agent → M-GRPO advantages on the
-  real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
-  reference / actor-update methods on that model's rows only → weight sync per model;
+- **step** (:meth:`MultiAgentTrainer._step_once`, below): sample every agent's rows → M-GRPO advantages
+  on the real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
+  reference / actor-update methods on that model's rows only; then weight sync per model (``on_step_end``);
 - **checkpoints**: ``global_step_N/agents/<name>/actor`` per trainable model, plus verl's ``data.pt``;
 - **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``.
 
@@ -46,6 +50,7 @@ from verl.utils.debug import marked_timer
 from verl.workers.config import HFModelConfig
 
 from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_resolved_alignment
+from mgrpo_verl.config.resolvers import TRAINER_MODES
 from mgrpo_verl.agent_loops.multi_client import MultiAgentLLMClient
 from mgrpo_verl.trainer import checkpoints as ckpt
 from mgrpo_verl.trainer.agents import (
@@ -70,12 +75,13 @@ from mgrpo_verl.trainer.rows import (
 
 logger = logging.getLogger(__name__)
 
-TRAINER_NAME = "mgrpo"
 
-
-@register_trainer(TRAINER_NAME)
+@register_trainer(TRAINER_MODES[None])
 class MultiAgentTrainer(PPOTrainer):
     """verl's synchronous PPO trainer, one model per agent (see the module docstring)."""
+
+    #: The ``multi_agent.decoupled.role`` this class runs (null: one process trains every agent).
+    ROLE: str | None = None
 
     # The base class switches to asynchronous behaviour (async replay buffer, persistent TransferQueue,
     # in-flight re-issue) whenever trainer_mode != "sync"; this trainer is synchronous under its own name.
@@ -87,19 +93,18 @@ class MultiAgentTrainer(PPOTrainer):
     def trainer_mode(self, value: str) -> None:  # the base __init__ assigns the configured name
         pass
 
-    def __new__(cls, config):
-        """``multi_agent.decoupled.role`` picks the class: ``main`` / ``sub`` are the two sides of decoupled
-        M-GRPO (:mod:`mgrpo_verl.trainer.decoupled`), each its own process; null is this class."""
-        if cls is MultiAgentTrainer:
-            role = parse_multi_agent(config).decoupled.role
-            if role is not None:
-                from mgrpo_verl.trainer.decoupled import DecoupledMainTrainer, DecoupledSubTrainer
-
-                cls = DecoupledMainTrainer if role == "main" else DecoupledSubTrainer
-        return super().__new__(cls)
-
     def __init__(self, config):
+        # TEMPORARY: multi_agent_config's check still accepts trainer.v1.trainer_mode "mgrpo" only; main_ppo set
+        # the role's mode, with which verl picked this class. Delete once the check accepts TRAINER_MODES[role].
+        config.trainer.v1.trainer_mode = TRAINER_MODES[None]
         self.multi_agent = parse_multi_agent(config)
+        role = self.multi_agent.decoupled.role
+        if role != self.ROLE:  # verl's registry picked the class by trainer mode; it must run this role
+            raise ValueError(
+                f"trainer mode {TRAINER_MODES[self.ROLE]!r} ({type(self).__name__}) runs multi_agent.decoupled.role="
+                f"{self.ROLE!r}, but the role is {role!r}, which needs the trainer mode {TRAINER_MODES[role]!r}: "
+                f"start the run with python -m mgrpo_verl.main_ppo, which sets the mode from the role"
+            )
         super().__init__(config)
 
     # ------------------------------------------------------------------------------------------ setup
@@ -238,24 +243,39 @@ class MultiAgentTrainer(PPOTrainer):
     # ------------------------------------------------------------------------------------------- step
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
-        ma = self.multi_agent
+        """One step on every agent's rows; returns every key and tag the step wrote (verl counts and clears them)."""
+        # 1. sample: the step's rows of every agent, from verl's replay buffer
         with marked_timer("gen", timing_raw, color="red"):
-            self.on_sample_begin()
-            batch, off_policy = self.replay_buffer.sample(
-                global_steps=self.global_steps, partition_id="train", batch_size=sample_batch_size
-            )
-            metrics.update(off_policy)
-            self.on_sample_end()
-
+            batch = self._sample(metrics, sample_batch_size)
         with marked_timer("adv", timing_raw, color="brown"):
-            table = read_row_table(batch)
-            advantage = scalar_advantages(table, ma.algorithm, ma.magrpo if ma.algorithm == "magrpo" else ma.mgrpo)
-            write_row_values(list(batch.keys), batch.partition_id, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
-            self.on_advantages(table, batch)
+            # 2. score and advantages: on the real rows together, written to TransferQueue; then the hook
+            table, advantage = self._compute_row_advantages(batch)
+            self.on_advantages(table, batch)  # decoupled main side: publish its records
+            # 3. align: every sub-agent to D_max rows per main rollout; each model's update set
             alignment, updates = self._plan_updates(table, advantage)
+        # 4. log: per-agent and alignment statistics of the real rows
         metrics.update(_row_metrics(table, advantage, batch.tags, alignment))
+        # 5. update each trainable model on its rows (aligned copies first, then verl's chain per model)
         keys, tags = self._train_models(batch, table, updates, metrics, timing_raw)
         return KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=tags)
+
+    def _sample(self, metrics: dict, batch_size: int) -> KVBatchMeta:
+        """The step's rows from verl's replay buffer, between the sample hooks (as verl's step); adds its
+        off-policy metrics."""
+        self.on_sample_begin()
+        batch, off_policy = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="train", batch_size=batch_size)
+        metrics.update(off_policy)
+        self.on_sample_end()
+        return batch
+
+    def _compute_row_advantages(self, batch: KVBatchMeta) -> tuple[RowTable, np.ndarray]:
+        """The row table of ``batch`` (its real rows) and their advantages (``multi_agent.algorithm``), written
+        back as ``rm_scores`` (each row's own score), ``advantages`` and ``returns``."""
+        ma = self.multi_agent
+        table = read_row_table(batch)
+        advantage = scalar_advantages(table, ma.algorithm, ma.magrpo if ma.algorithm == "magrpo" else ma.mgrpo)
+        write_row_values(list(batch.keys), batch.partition_id, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
+        return table, advantage
 
     def on_advantages(self, table: RowTable, batch: KVBatchMeta) -> None:
         """Called once the step's advantages are computed and written, before any model trains."""
