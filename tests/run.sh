@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the whole test suite, slow tests included. Extra arguments go to pytest.
+# Sets everything up, lints (ruff, configured in pyproject.toml), then runs the whole test suite, slow tests
+# included. Extra arguments go to pytest.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../recipes/setup_env.sh"
 cd "$MGRPO_ROOT"
+python -m ruff check mgrpo_verl tests benchmarks recipes  # lint first: seconds, and it names the line
 python -m pytest tests "$@"
