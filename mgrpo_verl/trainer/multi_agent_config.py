@@ -23,12 +23,10 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from mgrpo_verl.algorithms.config import MAGRPOConfig
+from mgrpo_verl.config.resolvers import trainer_mode
 from mgrpo_verl.config.schema import AgentConfig, CooperationConfig, MultiAgentConfig, load_multi_agent
 
 logger = logging.getLogger(__name__)
-
-TRAINER_MODE = "mgrpo"
-"""The ``trainer.v1.trainer_mode`` that multi-agent mode requires."""
 
 SUPPORTED_ADV_ESTIMATORS = ("grpo", "mgrpo")
 """Top-level ``algorithm.adv_estimator`` values accepted in multi-agent mode (critic-free ones)."""
@@ -137,10 +135,8 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
         raise ValueError(f"multi_agent.agents is empty: at least the main agent {ma.main!r} must be listed")
 
     # the trainer: our mode, one node, a GPU budget the owners fit in
-    mode = _select(config, "trainer.v1.trainer_mode")
-    if mode != TRAINER_MODE:
-        raise ValueError(f"trainer.v1.trainer_mode must be {TRAINER_MODE!r} when multi_agent.enable is true "
-                         f"(our per-agent trainer), got {mode!r}")
+    # "mgrpo" (the YAML's; main_ppo then sets the role's mode) or the role's own mode, else refused naming the key
+    trainer_mode(ma.decoupled.role, _select(config, "trainer.v1.trainer_mode"))
     nnodes = OmegaConf.select(config, "trainer.nnodes", default=1, throw_on_missing=False)
     if nnodes != 1:
         raise ValueError(f"trainer.nnodes must be 1 in multi-agent mode, got {nnodes!r}: placing the agents' "

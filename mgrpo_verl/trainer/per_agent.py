@@ -94,9 +94,6 @@ class MultiAgentTrainer(PPOTrainer):
         pass
 
     def __init__(self, config):
-        # TEMPORARY: multi_agent_config's check still accepts trainer.v1.trainer_mode "mgrpo" only; main_ppo set
-        # the role's mode, with which verl picked this class. Delete once the check accepts TRAINER_MODES[role].
-        config.trainer.v1.trainer_mode = TRAINER_MODES[None]
         self.multi_agent = parse_multi_agent(config)
         role = self.multi_agent.decoupled.role
         if role != self.ROLE:  # verl's registry picked the class by trainer mode; it must run this role

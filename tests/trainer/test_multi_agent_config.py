@@ -682,3 +682,16 @@ def test_node_resource_pins_an_agent():
     parsed = parse_multi_agent(with_updates(base_config(), {f"{_A}.sub.node_resource": "node_b"}))
     assert parsed.agent("sub").node_resource == "node_b"
     assert parsed.agent("main").node_resource is None
+
+
+def test_trainer_mode_is_mgrpo_or_the_roles_own():
+    """main_ppo sets trainer.v1.trainer_mode from the role before Ray; the trainer parses the config again with
+    that mode, so both "mgrpo" and the role's mode pass, and another role's mode is refused."""
+    for mode in ("mgrpo", "mgrpo_decoupled_sub"):
+        config = side("sub")
+        config.trainer.v1.trainer_mode = mode
+        assert parse_multi_agent(config).decoupled.role == "sub"
+    config = side("sub")
+    config.trainer.v1.trainer_mode = "mgrpo_decoupled_main"
+    with pytest.raises(ValueError, match="trainer.v1.trainer_mode='mgrpo_decoupled_main' contradicts"):
+        parse_multi_agent(config)
