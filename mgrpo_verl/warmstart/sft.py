@@ -1,0 +1,169 @@
+"""Fine-tuning one agent's model with verl's own SFT trainer (``verl/trainer/sft_trainer.py``).
+
+``python -m mgrpo_verl.warmstart.sft <hydra overrides>`` is verl's ``sft_trainer`` entry point (its Hydra
+config ``sft_trainer_engine``, its ``SFTTrainer``, its FSDP engine and checkpoint handler) after our plugin's
+registrations have run with their errors visible (:func:`mgrpo_verl.plugin.ensure_registered`: verl swallows
+a failing plugin): on a CPU-only machine that is the CPU platform, verl's FSDP engines registered for device
+``cpu`` and the process-group patch (gloo, ``mgrpo_verl/platform``). It runs under ``torchrun`` (verl's SFT
+trainer reads the rank from its environment), one process.
+
+:func:`train` builds the command: :func:`overrides` are the settings a tiny model needs on CPU (fp32, sdpa
+attention, no remove-padding, no ``torch.compile``, no gradient checkpointing) plus the run's data, steps
+and optimiser, and ``checkpoint.save_contents=[hf_model]``: the checkpoint verl writes is a Hugging Face
+folder (model, config, generation config, tokenizer with its chat template) under
+``<out>/global_step_<n>/huggingface``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """What one agent's fine-tuning run varies (everything else is fixed by :func:`overrides`)."""
+
+    steps: int = 500
+    batch_size: int = 16
+    lr: float = 5e-3
+    seed: int = 0
+    #: also keep Hugging Face checkpoints every this many steps (0: the last step only)
+    save_every: int = 0
+
+
+def overrides(
+    model_dir: str,
+    tokenizer_dir: str,
+    train_file: str | Path,
+    val_file: Optional[str | Path],
+    out_dir: str | Path,
+    settings: SFTSettings,
+    device: str = "cpu",
+) -> list[str]:
+    """Hydra overrides of verl's ``sft_trainer_engine`` config for one run."""
+    cpu = device == "cpu"
+    dtype = "fp32" if cpu else "bf16"
+    return [
+        f"data.train_files={train_file}",
+        f"data.val_files={val_file if val_file else 'null'}",
+        # the demonstrations' tools column is JSON text (mgrpo_verl/warmstart/dataset.py)
+        "data.custom_cls.path=pkg://mgrpo_verl.warmstart.dataset",
+        "data.custom_cls.name=JsonToolsSFTDataset",
+        f"data.train_batch_size={settings.batch_size}",
+        f"data.micro_batch_size_per_gpu={settings.batch_size}",
+        "data.use_dynamic_bsz=False",
+        "data.max_length=1024",
+        "data.num_workers=0",
+        f"model.path={model_dir}",
+        f"model.tokenizer_path={tokenizer_dir}",
+        f"model.use_remove_padding={not cpu}",
+        "model.enable_gradient_checkpointing=False",
+        "+model.override_config.attn_implementation=sdpa",
+        "engine.strategy=fsdp2",
+        f"engine.use_torch_compile={not cpu}",
+        f"engine.seed={settings.seed}",
+        f"+engine.mixed_precision={{param_dtype:{dtype},reduce_dtype:fp32,buffer_dtype:fp32}}",
+        f"optim.lr={settings.lr}",
+        "optim.lr_warmup_steps_ratio=0.05",
+        "optim.lr_scheduler_type=constant",
+        f"trainer.device={device}",
+        f"trainer.seed={settings.seed}",
+        f"trainer.total_training_steps={settings.steps}",
+        "trainer.total_epochs=100000",  # the step count decides
+        f"trainer.save_freq={settings.save_every if settings.save_every > 0 else -1}",
+        "trainer.test_freq=-1",
+        "trainer.logger=[console,file]",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.project_name=mgrpo_warmstart",
+        f"trainer.experiment_name={Path(out_dir).name}",
+        "trainer.resume_mode=disable",
+        "checkpoint.save_contents=[hf_model]",
+    ]
+
+
+def hf_checkpoint(out_dir: str | Path, step: int) -> Path:
+    """Where verl's checkpoint handler writes the Hugging Face folder of ``step``."""
+    return Path(out_dir) / f"global_step_{step}" / "huggingface"
+
+
+def train(
+    model_dir: str,
+    tokenizer_dir: str,
+    train_file: str | Path,
+    val_file: Optional[str | Path],
+    out_dir: str | Path,
+    settings: SFTSettings,
+    log_path: str | Path,
+    device: str = "cpu",
+) -> tuple[Path, float]:
+    """One SFT run in a child process (``torchrun``, one rank); returns the last step's Hugging Face
+    checkpoint and the seconds the run took. verl's per-step metrics go to ``<out_dir>/metrics.jsonl``.
+
+    Raises:
+        RuntimeError: the run failed (its log's tail in the message) or left no checkpoint.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl")}
+    if device == "cpu":
+        env["MGRPO_VERL_DEVICE"] = "cpu"
+    args = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=1",
+        "-m", "mgrpo_verl.warmstart.sft",
+        *overrides(model_dir, tokenizer_dir, train_file, val_file, out_dir, settings, device),
+    ]  # fmt: skip
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
+    seconds = time.monotonic() - start
+    checkpoint = hf_checkpoint(out_dir, settings.steps)
+    if proc.returncode != 0 or not (checkpoint / "model.safetensors").is_file():
+        tail = Path(log_path).read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"verl's SFT trainer failed (exit {proc.returncode}); see {log_path}:\n{tail}")
+    return checkpoint, seconds
+
+
+#: ``config.json`` keys that verl's checkpoint writer changes without changing the model: ``dtype`` (it
+#: builds the saved model in bf16 and then stores the fp32 weights of the run, so the file claims bfloat16)
+#: and ``attn_implementation`` (the run's ``override_config``). The published copy takes the base model's.
+RESTORED_CONFIG_KEYS = ("dtype", "attn_implementation")
+
+
+def publish(checkpoint: Path, target: Path, base_model_dir: str | Path) -> Path:
+    """Copy a Hugging Face checkpoint folder to ``target`` with readable permissions (verl writes the
+    weights 0600) and :data:`RESTORED_CONFIG_KEYS` of ``config.json`` as the base model has them."""
+    import json
+
+    shutil.copytree(checkpoint, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    base = json.loads((Path(base_model_dir) / "config.json").read_text())
+    config_path = target / "config.json"
+    config = json.loads(config_path.read_text())
+    for key in RESTORED_CONFIG_KEYS:
+        if key in base:
+            config[key] = base[key]
+        else:
+            config.pop(key, None)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return target
+
+
+def main() -> None:
+    from mgrpo_verl.plugin import ensure_registered
+
+    ensure_registered()
+    from verl.trainer.sft_trainer import main as verl_sft_main
+
+    verl_sft_main()
+
+
+if __name__ == "__main__":
+    main()

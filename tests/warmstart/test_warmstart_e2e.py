@@ -1,0 +1,85 @@
+"""``python -m mgrpo_verl.warmstart`` end to end on the tiny models, two SFT steps per agent: verl's SFT
+trainer runs on CPU (torchrun, our platform), leaves Hugging Face checkpoints that load with their
+tokenizer, the evaluation runs through the rollout loop, and a second call is served from the cache."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mgrpo_verl.platform.ray_session import patched_environ
+from mgrpo_verl.warmstart import build, demos, sft
+from mgrpo_verl.warmstart.__main__ import main as cli_main
+from mgrpo_verl.warmstart.__main__ import parse_args
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--n-train", "8", "--n-val", "4", "--steps", "2", "--batch-size", "4", "--n-eval", "2"]
+
+
+def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, capsys, monkeypatch):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verl.utils import hf_tokenizer
+
+    root = tmp_path / "warmstart"
+    with patched_environ({"MGRPO_VERL_CACHE": str(cache_dir)}):
+        cli_main(["--task", "relay_tools", "--out", str(root), *ARGS])
+        out = capsys.readouterr().out
+        [published] = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("relay_tools-")]
+        manifest = json.loads((published / "manifest.json").read_text())
+
+        # one SFT run per agent, from its own base model, its loss recorded by verl's file logger
+        base = {"main": build._base_model("tiny")[0], "sub": build._base_model("tiny_sub")[0]}
+        for agent in demos.AGENTS:
+            info = manifest["agents"][agent]
+            assert info["base_model"] == base[agent] and info["checkpoint"] == str(published / agent)
+            assert info["first_loss"] > 0 and info["final_loss"] > 0 and info["val_loss"] > 0
+            assert (published / "logs" / f"sft_{agent}.log").is_file()
+            ckpt = published / agent
+            for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+                assert (ckpt / name).is_file(), name
+            # the weights moved away from the base model's
+            tuned, before = load_file(ckpt / "model.safetensors"), load_file(f"{base[agent]}/model.safetensors")
+            assert tuned.keys() == before.keys()
+            assert any(not torch.equal(tuned[k], before[k]) for k in tuned)
+            # config.json as the base model's where verl's writer changes it without changing the model
+            config, base_config = (json.loads((d / "config.json").read_text()) for d in (ckpt, Path(base[agent])))
+            assert config["dtype"] == base_config["dtype"] == "float32" and "attn_implementation" not in config
+            model = AutoModelForCausalLM.from_pretrained(str(ckpt))
+            assert next(model.parameters()).dtype == torch.float32
+            # the checkpoint's own tokenizer (what main_ppo loads when only model.path is given) tokenises the
+            # demonstrations exactly as the base tokenizer, chat template included
+            own, reference = hf_tokenizer(str(ckpt)), AutoTokenizer.from_pretrained(tiny_paths.tokenizer_dir)
+            episode = demos.demos_for("relay_tools").episodes(1, 0, "val")[0]
+            kwargs = {"tools": episode.tools[agent], "tokenize": True, "return_dict": False}
+            assert own.apply_chat_template(episode.messages[agent], **kwargs) == reference.apply_chat_template(
+                episode.messages[agent], **kwargs
+            )
+
+        # the evaluation ran through the rollout loop, greedy and sampled
+        assert [r["temperature"] for r in manifest["evaluation"]] == [0.0, 1.0]
+        assert all(r["episodes"] == 2 and 0 <= r["exact"] <= 1 and 0 <= r["main_parse"] <= 1 for r in manifest["evaluation"])
+        # what to run next
+        assert f"actor_rollout_ref.model.path={published / 'main'}" in out
+        assert f"multi_agent.agents.sub.actor_rollout_ref.model.path={published / 'sub'}" in out
+        assert not (published / "sft").exists()  # only the published checkpoints are kept
+
+        # a second call with the same inputs is served from the cache, nothing trained
+        def refuse(*args, **kwargs):
+            raise AssertionError("trained again")
+
+        monkeypatch.setattr(sft, "train", refuse)
+        start = time.monotonic()
+        cli_main(["--task", "relay_tools", "--out", str(root), *ARGS])
+        assert time.monotonic() - start < 10
+        assert "cached at" in capsys.readouterr().out
+        # other inputs, another key
+        spec, _ = parse_args(["--out", str(root), *ARGS])
+        assert build.cached(spec, root).directory == published
+        other, _ = parse_args(["--out", str(root), *ARGS, "--lr", "0.01"])
+        assert build.cached(other, root) is None
