@@ -274,6 +274,14 @@ SEAMS: tuple[Seam, ...] = (
     Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module", ("mgrpo_verl/platform/verl_cpu_offload_pinning.py",),
          "patched; hash-guarded by the patch itself (tests/platform/test_verl_offload_patch.py)",
          behaviour="patch_guarded"),
+    Seam("verl.utils.dataset.multiturn_sft_dataset:MultiTurnSFTDataset._read_files_and_process",
+         ("mgrpo_verl/warmstart/dataset.py",),
+         "overridden by the warm start's SFT dataset: verl's reads the parquet and sets self.tools, ours then "
+         "decodes JSON-text tool lists",
+         params=("self",),
+         overrides=("mgrpo_verl.warmstart.dataset:JsonToolsSFTDataset._read_files_and_process",),
+         sha256="7c9cc7d0873f43d7ecbd6adb64cdb29a08c2fc0389fd671aac10cb1e9e258acd",
+         recheck="JsonToolsSFTDataset: that verl still sets self.tools (one entry per row) in this method"),
 )
 
 SEAM_IDS = [s.id for s in SEAMS]
