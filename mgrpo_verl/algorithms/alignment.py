@@ -34,8 +34,12 @@ ORIGINAL, DUPLICATE, BORROWED, PADDING = 0, 1, 2, 3
 #: ``d_max="auto"`` uses this quantile of the per-(main row, sub-agent) call counts of the batch.
 AUTO_D_MAX_QUANTILE = 0.9
 
-#: Tensors zeroed in padding rows, so they add nothing to any loss or metric.
-PADDING_ZEROED = ("response_mask", "advantages", "returns", "token_level_rewards", "token_level_scores")
+#: Per-response tensors zeroed in padding rows, so they add nothing to any loss or metric: the one rule of both
+#: copy paths, this module's DataProto path and the trainer's TransferQueue path
+#: (:func:`mgrpo_verl.trainer.rows.write_copies`); each zeroes the ones its rows carry (a DataProto has
+#: ``token_level_*``, verl's TransferQueue rows ``loss_mask`` and ``rm_scores``).
+PADDING_ZEROED = ("response_mask", "loss_mask", "advantages", "returns", "rm_scores", "token_level_rewards",
+                  "token_level_scores")
 
 DMax = Union[int, str]
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mgrpo_verl.algorithms.alignment import ORIGINAL, PADDING, BatchAlignment
+from mgrpo_verl.algorithms.alignment import ORIGINAL, PADDING, PADDING_ZEROED, BatchAlignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.algorithms.hierarchy import resolve_parents
 from mgrpo_verl.algorithms.magrpo import magrpo_row_advantage
@@ -345,17 +345,13 @@ def write_row_values(keys: list[str], partition_id: str, values: dict[str, np.nd
     tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=TensorDict(fields, batch_size=len(keys)))
 
 
-#: Per-response tensors a zero-mask row must not contribute through.
-_ZEROED = ("response_mask", "loss_mask", "rm_scores", "advantages", "returns")
-
-
 def write_copies(batch, table: RowTable, update: UpdateSet, new_keys: list[str]) -> list[dict]:
     """Write the copies of ``update`` to TransferQueue under ``new_keys``; returns their tags.
 
     A copy carries every field of its source, its ``extra_fields["mgrpo"]`` re-parented to the main row
     whose slot it fills with ``aligned_from`` naming the source, and the tag ``is_padding`` so that
-    verl's metrics and sample counts skip it. Zero-mask copies have every per-response loss input
-    zeroed.
+    verl's metrics and sample counts skip it. Zero-mask copies have the fields of
+    :data:`~mgrpo_verl.algorithms.alignment.PADDING_ZEROED` they carry zeroed (the rule of both copy paths).
     """
     import copy as copy_module
 
@@ -382,7 +378,7 @@ def write_copies(batch, table: RowTable, update: UpdateSet, new_keys: list[str])
         meta["aligned_from"] = str(table.traj_id[update.source[i]])
         field["extra_fields"] = {**field["extra_fields"], ROW_META: meta}
         if update.zero[i]:
-            for name in _ZEROED:
+            for name in PADDING_ZEROED:
                 if name in field and isinstance(field[name], torch.Tensor):
                     field[name] = torch.zeros_like(field[name])
         fields.append(field)

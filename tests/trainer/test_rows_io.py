@@ -178,3 +178,46 @@ def test_write_copies_without_copies_touches_nothing(step):
     assert write_copies(batch, table, updates["main"], []) == []
     write_row_values([], PARTITION, {"advantages": np.zeros(0)})
     assert set(store.rows) == before
+
+
+def test_both_copy_paths_zero_the_same_fields_of_a_padding_row(step):
+    """One alignment-copy rule (``PADDING_ZEROED``) for both paths: the trainer's TransferQueue copies
+    (``write_copies``) and the DataProto wrapper (``align_trajectories``). On the same 5 rows with D_max = 1,
+    q1's two main rows get a padding copy of s0 in both (module docstring); each path zeroes exactly the
+    PADDING_ZEROED fields its rows carry and keeps the others (the tokens) as the source's."""
+    from mgrpo_verl import align_trajectories
+    from mgrpo_verl.algorithms.alignment import PADDING_ZEROED
+    from mgrpo_verl.testing import make_batch
+
+    store, batch = step
+    table = read_row_table(batch)
+    advantage = scalar_advantages(table, "mgrpo", MGRPOConfig(norm_adv_by_std=False))
+    write_row_values(KEYS, PARTITION, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
+    alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, 1, seed=0)
+    sub = plan_update_sets(table, alignment, advantage, {"main": "main", "sub": "sub"})["sub"]
+    new_keys = copy_keys(table, sub, set(KEYS))
+    write_copies(batch, table, sub, new_keys)
+    pads = [k for k, z in zip(new_keys, sub.zero[sub.copy]) if z]
+    tq_fields = set(store.rows[(PARTITION, pads[0])])
+    tq_zeroed = {n for n in tq_fields if isinstance(_field(store, pads[0], n), torch.Tensor)
+                 and all(not _field(store, k, n).any() for k in pads)}
+
+    # the DataProto path on the same rows, carrying verl's DataProto fields plus the TransferQueue ones
+    uid, agent, traj, parent, score, mask, _ = (list(c) for c in zip(*ROWS))
+    data = make_batch(score, response_length=3, mask_lengths=[len(m) for m in mask],
+                      agent=agent, uid=uid, traj_id=traj, parent_traj_id=parent)
+    response = data.batch["response_mask"]
+    data.batch["token_level_scores"] = data.batch["token_level_rewards"].clone()
+    for name in ("loss_mask", "rm_scores", "advantages", "returns"):
+        data.batch[name] = response.to(torch.float32) + 1.0  # nonzero everywhere
+    data.batch["responses"] = torch.arange(response.numel()).reshape(response.shape) + 1
+    out = align_trajectories(data, 1, 0)
+    pad_rows = np.flatnonzero(out.non_tensor_batch["is_padding"])
+    assert len(pad_rows) == len(pads) == 2  # n0's and n1's slots
+    dp_zeroed = {n for n in out.batch.keys() if not out.batch[n][pad_rows].any()}
+
+    # each path zeroes exactly the rule's fields it carries, and nothing else
+    assert tq_zeroed == set(PADDING_ZEROED) & tq_fields == {"response_mask", "loss_mask", "rm_scores", "advantages", "returns"}
+    assert dp_zeroed == set(PADDING_ZEROED) & set(out.batch.keys())
+    assert dp_zeroed == tq_zeroed | {"token_level_rewards", "token_level_scores"}
+    assert out.batch["responses"][pad_rows].all()  # the tokens are kept
