@@ -23,8 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
-from mgrpo_verl.platform.cpu import (
+# Whether verl was imported before this package: if not, the import of .cpu below imports it, and verl
+# then loads our plugin while this package is half-initialised (see _finish_plugin_registration).
+_VERL_IMPORTED_BEFORE = "verl" in sys.modules
+
+from mgrpo_verl.platform.cpu import (  # noqa: E402  (after the check above)
     DEVICE_ENV,
     PLATFORM_NAME,
     CpuPlatform,
@@ -32,7 +37,7 @@ from mgrpo_verl.platform.cpu import (
     cpu_platform_wanted,
     device_choice,
 )
-from mgrpo_verl.platform.ray_session import RayCpuSession, ray_cpu_env, ray_cpu_session
+from mgrpo_verl.platform.ray_session import RayCpuSession, ray_cpu_env, ray_cpu_session  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -102,3 +107,33 @@ def _resolved_platform():
     from verl.plugin.platform import platform_manager
 
     return getattr(platform_manager, "_current_platform", None)
+
+
+#: our entry point in group ``verl.plugins`` (pyproject.toml)
+PLUGIN_ENTRY_POINT = "mgrpo_verl"
+
+
+def _plugin_allowed(policy: str) -> bool:
+    """Whether verl's ``VERL_USE_EXTERNAL_PLUGINS`` policy (``auto``, ``none`` or a list of entry-point
+    names; verl/__init__.py) loads our entry point."""
+    policy = policy.strip().lower()
+    return policy == "auto" or PLUGIN_ENTRY_POINT in {name.strip() for name in policy.split(",")}
+
+
+def _finish_plugin_registration() -> None:
+    """Register our plugin when importing this package first is what imported verl.
+
+    In that order verl's ``import`` runs our entry point (``mgrpo_verl.plugin``) from inside the
+    ``from verl.plugin.platform import ...`` of :mod:`.cpu`; the plugin's ``from mgrpo_verl.platform import
+    register_cpu_platform`` then fails on this half-initialised package, verl swallows the error (debug
+    log only), and the process resolves verl's platform without ours (``nvidia`` on a machine without
+    an accelerator). Seen with ``import mgrpo_verl.platform.ray_session`` as a script's first import.
+    Now that this package is complete, the plugin is imported again (unless verl's policy excludes it).
+    """
+    if _VERL_IMPORTED_BEFORE or "mgrpo_verl.plugin" in sys.modules:
+        return
+    if _plugin_allowed(os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto")):
+        import mgrpo_verl.plugin  # noqa: F401  (registers on import)
+
+
+_finish_plugin_registration()
