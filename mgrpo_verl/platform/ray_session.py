@@ -14,6 +14,8 @@ Why each setting (measured with Ray 2.60 on a 2-core machine, VERL_0.9.1_FACTS.m
 - ``TMPDIR`` = the same directory, for the processes Ray starts: Python's ``multiprocessing`` (used by
   torch and verl inside workers) leaves ``pymp-*`` directories behind when Ray kills a worker at
   shutdown; inside the session directory they are removed with it.
+- settings sized to a CPU run (:func:`cpu_sizing_env`), each unless already exported: ``TQ_NUM_THREADS``
+  = the physical cores, ``RAY_prestart_worker_first_driver=0``.
 
 The environment variables are set for the duration of the session (Ray's worker processes inherit them
 from the driver, so verl's Ray actors see them too) and restored afterwards.
@@ -60,7 +62,38 @@ def ray_cpu_env(temp_dir: str) -> dict[str, str]:
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
         "TMPDIR": temp_dir,
+        **cpu_sizing_env(),
     }
+
+
+def physical_cores() -> int:
+    """The machine's physical cores, as TransferQueue counts them (psutil, which it imports), else the
+    logical count."""
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+def cpu_sizing_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Settings sized to a CPU run, each only when ``environ`` (default: ``os.environ``) does not set it
+    already, so that an exported value wins. Measured with ``benchmarks/bench_footprint.py`` on the default
+    run, 2-core machine (docs/benchmarks.md):
+
+    - ``TQ_NUM_THREADS``: the torch threads TransferQueue uses to pack and unpack batches, default 8.
+      TransferQueue caps it at the physical cores anyway, but logs a warning every time it does so, on
+      every put and get of every process: about 350 lines a step on 2 cores, each shipped by Ray's log
+      monitor to the driver. Set to the physical cores: the same thread count, no warnings.
+    - ``RAY_prestart_worker_first_driver=0``: Ray starts one idle Python worker per logical CPU when the
+      driver connects (16 here: the logical CPUs are oversized on purpose, see ``DEFAULT_NUM_CPUS``); the
+      ones no actor takes stay idle. Off: 85 MiB less at the peak (two idle workers fewer), start-up CPU
+      time unchanged (75-81 against 72-78 CPU seconds to the first step, two runs each).
+    """
+    environ = os.environ if environ is None else environ
+    defaults = {"TQ_NUM_THREADS": str(physical_cores()), "RAY_prestart_worker_first_driver": "0"}
+    return {key: value for key, value in defaults.items() if key not in environ}
 
 
 @contextmanager
