@@ -31,7 +31,7 @@ from mgrpo_verl.warmstart import demos, sft
 VERSION = "1"
 
 #: The RL settings the demonstrations fit (prompt and response lengths in tokens of the tiny tokenizer:
-#: prompts with the tool block are about 340 (main) and 360 (sub) tokens, a tool call about 36).
+#: prompts with the tool block are about 360 (main) and 345 (sub) tokens, a tool call 35-40 (main), 22 (sub)).
 RL_OVERRIDES = (
     "data.max_prompt_length=512",
     "data.max_response_length=128",
@@ -122,7 +122,8 @@ def warm_start(spec: WarmStartSpec = WarmStartSpec(), root: Optional[str | Path]
     """The warm start of ``spec``: the published one when it exists, else built and published now."""
     from mgrpo_verl.models.tiny import _build_once
 
-    demos.demos_for(spec.task)  # an unknown task raises before anything is built
+    if spec.task not in demos.TASKS:  # before anything is built
+        raise ValueError(f"no demonstrations for task {spec.task!r}; tasks with demonstrations: {sorted(demos.TASKS)}")
     bases = {"main": _base_model(spec.main_model), "sub": _base_model(spec.sub_model)}
     root = Path(root or default_root())
     root.mkdir(parents=True, exist_ok=True)
@@ -168,10 +169,10 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
         }
         log(f"warm start: {agent} done in {seconds:.0f} s, train loss {agents[agent]['first_loss']} -> "
             f"{agents[agent]['final_loss']}, val loss {agents[agent]['val_loss']}")  # fmt: skip
-        if not spec.sft.save_every:
-            import shutil
+    if not spec.sft.save_every:
+        import shutil
 
-            shutil.rmtree(run_dir)  # the published copy is all that is needed
+        shutil.rmtree(tmp / "sft")  # the published copies are all that is needed
     evaluation = []
     if spec.n_eval > 0:
         from mgrpo_verl.warmstart.evaluate import evaluate

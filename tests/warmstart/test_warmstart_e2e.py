@@ -1,6 +1,7 @@
 """``python -m mgrpo_verl.warmstart`` end to end on the tiny models, two SFT steps per agent: verl's SFT
 trainer runs on CPU (torchrun, our platform), leaves Hugging Face checkpoints that load with their
-tokenizer, the evaluation runs through the rollout loop, and a second call is served from the cache."""
+tokenizer, the evaluation runs through the rollout loop, and a second call is served from the cache.
+About 20 s on 2 cores (two torchrun start-ups), so not marked slow."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from mgrpo_verl.platform.ray_session import patched_environ
 from mgrpo_verl.warmstart import build, demos, sft
 from mgrpo_verl.warmstart.__main__ import main as cli_main
 from mgrpo_verl.warmstart.__main__ import parse_args
-
-pytestmark = pytest.mark.slow
 
 ARGS = ["--n-train", "8", "--n-val", "4", "--steps", "2", "--batch-size", "4", "--n-eval", "2"]
 
