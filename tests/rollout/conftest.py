@@ -36,9 +36,10 @@ def engine(tiny_paths):
     return HFGenerationEngine.from_pretrained(tiny_paths.model_dir, dtype="float32", seed=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray instance for the session, writing only under a private temp dir.
+    """A local Ray instance for one test module, writing only under a private temp dir. Module-scoped, not
+    session-scoped: a Ray left up in the pytest process makes later tests' ``ray.init(address=...)`` fail.
 
     The Ray variables are set only around ``ray.init`` (the raylet captures them), so subprocesses that other
     tests start later do not inherit them. An already initialised Ray is reused and left running.
