@@ -9,7 +9,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from mgrpo_verl.platform.ray_session import patched_environ
