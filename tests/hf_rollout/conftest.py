@@ -1,5 +1,5 @@
-"""Fixtures for the HF rollout tests: a tiny model built in a per-session cache, an in-process engine, and a
-Ray instance that writes only under a temporary directory (VERL_0.9.1_FACTS.md: ``RAY_TMPDIR`` and
+"""Fixtures for the HF rollout tests (the tiny model and its tokenizer are in ``tests/conftest.py``): an
+in-process engine, and a Ray instance that writes only under a temporary directory (VERL_0.9.1_FACTS.md: ``RAY_TMPDIR`` and
 ``RAY_AUTH_MODE=disabled``)."""
 
 from __future__ import annotations
@@ -9,23 +9,6 @@ import tempfile
 
 import pytest
 import torch
-
-
-@pytest.fixture(scope="session")
-def tiny_paths(tmp_path_factory):
-    from mgrpo_verl.models.tiny import build_tiny_model
-
-    from mgrpo_verl.platform.ray_session import patched_environ
-
-    with patched_environ({"MGRPO_VERL_CACHE": str(tmp_path_factory.mktemp("mgrpo_cache"))}):
-        yield build_tiny_model(seed=0)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_paths):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_paths.tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
