@@ -107,7 +107,8 @@ class HFServerAdapter(BaseRollout):
         wire_format: str = "named_tensors",
         **kwargs: Any,
     ):
-        """Send full weights to the server in buckets.
+        """Send full weights to the server in buckets; with a ``peft_config`` (LoRA, ``lora.merge=false``) the
+        adapter only (:meth:`_update_adapter`).
 
         Every rank must iterate ``weights``: with FSDP each item is all-gathered across the group, and a
         rank that stopped early would deadlock the others; ranks without a server just drop the tensors.
@@ -121,10 +122,8 @@ class HFServerAdapter(BaseRollout):
             )
         peft_config = kwargs.get("peft_config")
         if peft_config:
-            raise NotImplementedError(
-                "the HF rollout cannot serve a LoRA adapter separately; set actor_rollout_ref.model.lora.merge=True "
-                "so merged full weights are synced"
-            )
+            await self._update_adapter(weights, peft_config, bool(kwargs.get("base_sync_done", True)), global_steps)
+            return
         start = time.perf_counter()
         server = self._server()
         bucket_bytes = int(self.config.checkpoint_engine.update_weights_bucket_megabytes) << 20
@@ -164,6 +163,38 @@ class HFServerAdapter(BaseRollout):
                 report.get("global_steps"),
                 f", fingerprint={report['fingerprint']}" if "fingerprint" in report else "",
             )
+
+    def adapter_name(self) -> str:
+        """The name this worker's LoRA adapter has on the server: the agent whose model this worker trains
+        (``rollout.custom.mgrpo_agent``, set per agent by the multi-agent trainer), else ``default``."""
+        custom = getattr(self.config, "custom", None) or {}
+        return str(custom.get("mgrpo_agent") or "default")
+
+    async def _update_adapter(self, weights: Any, peft_config: dict, base_sync_done: bool, global_steps: int | None):
+        """Adapter-only weight sync: the LoRA tensors go to the server as adapter :meth:`adapter_name`.
+
+        Differs from verl's vLLM / SGLang adapters, which replace the engine's single adapter: the HF server
+        keeps one adapter per agent on one base. A base sync (``base_sync_done=False``, verl's first sync with
+        a ``dummy`` load format) is iterated (FSDP gathers need every rank) and dropped: the server loaded the
+        base from the model path, which every agent sharing it trains frozen."""
+        server = self._server()
+        named = []
+        async for name, tensor in _aiter(weights):
+            if server is None or not base_sync_done:
+                continue
+            t = tensor.detach()
+            if hasattr(t, "full_tensor"):
+                t = t.full_tensor()
+            named.append((name, t.to("cpu").contiguous()))
+        if server is None or not base_sync_done:
+            return
+        start = time.perf_counter()
+        report = await server.update_adapter.remote(self.adapter_name(), dict(peft_config), named, global_steps)
+        logger.info(
+            "HF rollout replica %d: adapter %r, %d tensors (%.2f MB) synced in %.3fs, weight_version=%s%s",
+            self.replica_rank, report["adapter"], report["loaded"], report["bytes"] / 2**20, time.perf_counter() - start,
+            report.get("weight_version"), f", base_fingerprint={report['base_fingerprint']}" if "base_fingerprint" in report else "",
+        )
 
     def generate_sequences(self, prompts):
         raise NotImplementedError(

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from mgrpo_verl.hf_rollout.adapters import BASE_ADAPTER, AdapterSet
 from mgrpo_verl.hf_rollout.sampling import BatchSampler, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class GenerationRequest:
     params: SamplingParams
     request_id: str = ""
     aborted: bool = False
+    #: the LoRA adapter to generate with (:meth:`HFGenerationEngine.load_adapter`); ``None``: the base model
+    adapter: str | None = None
 
 
 @dataclass
@@ -103,6 +106,7 @@ class HFGenerationEngine:
         self.logprobs_mode = logprobs_mode
         self.dtype = next(model.parameters()).dtype
         self._weights: dict[str, torch.Tensor] | None = None
+        self.adapters = AdapterSet(self.model)
         self.stats = {"batches": 0, "sequences": 0, "generated_tokens": 0, "generate_seconds": 0.0}
 
     # ------------------------------------------------------------------ loading
@@ -159,6 +163,11 @@ class HFGenerationEngine:
         Raises:
             ValueError: a tensor whose shape differs from the model's parameter.
         """
+        if self.adapters.names:
+            raise ValueError(
+                f"this engine serves LoRA adapters {list(self.adapters.names)} on a base model shared by them; a full "
+                f"weight update would change every adapter's base: sync adapters only (actor_rollout_ref.model.lora.merge=false)"
+            )
         named = self._named_tensors()
         loaded, unknown, nbytes = [], [], 0
         for name, tensor in weights:
@@ -185,6 +194,13 @@ class HFGenerationEngine:
             loaded.append(key)
             nbytes += tensor.numel() * tensor.element_size()
         return {"loaded": loaded, "unknown": unknown, "bytes": nbytes}
+
+    @torch.no_grad()
+    def load_adapter(self, name: str, peft_config: dict, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Add LoRA adapter ``name`` on the base model (first call) and load its tensors (every call); requests
+        with ``adapter=name`` are then generated with it. The base weights are not written. See
+        :class:`~mgrpo_verl.hf_rollout.adapters.AdapterSet` (names, errors)."""
+        return self.adapters.load(name, peft_config, ((k, t.to(device=self.device)) for k, t in weights))
 
     def state_dict_names(self) -> list[str]:
         return list(self._named_tensors())
@@ -217,8 +233,21 @@ class HFGenerationEngine:
             position_ids = position_ids.to(self.device)
 
         want_prompt_lp = any(r.params.prompt_logprobs is not None for r in requests)
+        unknown = sorted({r.adapter for r in requests if r.adapter is not None and r.adapter not in self.adapters.names})
+        if unknown:
+            raise ValueError(f"unknown LoRA adapter(s) {unknown}; loaded: {list(self.adapters.names)}")
+        # once adapters exist, peft's LoRA layers sit inside the base model's modules: every forward names each
+        # row's adapter (BASE_ADAPTER: none), else peft would apply its active adapter to every row
+        has_adapters = self.adapters.model is not None
+        row_adapters = [r.adapter or BASE_ADAPTER for r in requests] if has_adapters else None
+        model = self.adapters.model if has_adapters else self.model
+
+        def forward(names, **kw):
+            return model(**kw, adapter_names=names) if names is not None else model(**kw)
+
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
+        out = forward(
+            row_adapters,
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -290,9 +319,12 @@ class HFGenerationEngine:
                 next_tokens = next_tokens[keep_t]
                 sampler.select(keep_t)
                 rows = [rows[j] for j in keep]
+                if row_adapters is not None:
+                    row_adapters = [row_adapters[j] for j in keep]
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(rows), 1))], dim=1)
             last_pos = last_pos + 1
-            out = self.model(
+            out = forward(
+                row_adapters,
                 input_ids=next_tokens[:, None],
                 attention_mask=attention_mask,
                 position_ids=last_pos[:, None],

@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgrpo_verl.hf_rollout.adapters import base_fingerprint
 from mgrpo_verl.hf_rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine, weights_fingerprint
 from mgrpo_verl.hf_rollout.sampling import (
     LOGPROBS_MODES,
@@ -236,6 +237,7 @@ class HFRolloutServer:
         self._batch_sizes: list[int] = []
         self.weight_version = 0
         self.num_threads: int | None = None
+        self._adapter_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -354,9 +356,14 @@ class HFRolloutServer:
         audio_data: list[Any] | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
         priority: int = 0,
+        lora_name: str | None = None,
         **kwargs: Any,
     ):
         """Generate a continuation of ``prompt_ids``; returns verl's ``TokenOutput``.
+
+        ``lora_name`` (our addition; verl's clients send no such keyword unless given one, see
+        :class:`~mgrpo_verl.hf_rollout.adapters.AdapterLLMServerClient`) generates with that LoRA adapter
+        (:meth:`update_adapter`) on the shared base; ``None``: the base model.
 
         ``token_ids`` holds the generated tokens (ending with the EOS / stop token when one ended the
         sequence), ``log_probs`` their log-probabilities when ``sampling_params["logprobs"]`` is truthy,
@@ -381,6 +388,11 @@ class HFRolloutServer:
             sampling_params = {}
         if not isinstance(sampling_params, Mapping):
             raise InvalidRequestError(f"sampling_params must be a dict, got {type(sampling_params).__name__}")
+        if lora_name is not None and lora_name not in engine.adapters.names:
+            raise InvalidRequestError(
+                f"{self.server_name}: no LoRA adapter {lora_name!r} loaded (loaded: {list(engine.adapters.names)}); "
+                f"adapters arrive with the first weight sync of their agent"
+            )
         prompt = validate_prompt_ids(prompt_ids, vocab_size=engine.vocab_size, max_model_len=self.max_model_len)
         default_max_tokens = min(self.response_length, self.prompt_length + self.response_length - len(prompt))
         params = parse_sampling_params(
@@ -399,7 +411,7 @@ class HFRolloutServer:
             await self._resume_event.wait()
 
         pending = _Pending(
-            request=GenerationRequest(prompt_ids=prompt, params=params, request_id=request_id),
+            request=GenerationRequest(prompt_ids=prompt, params=params, request_id=request_id, adapter=lora_name),
             future=asyncio.get_running_loop().create_future(),
         )
         self._queue.append(pending)
@@ -613,6 +625,44 @@ class HFRolloutServer:
         await self.update_weights_bucket(named_tensors)
         return await self.finish_weight_update(global_steps)
 
+    async def update_adapter(
+        self, name: str, peft_config: dict, named_tensors: list[tuple[str, Any]], global_steps: int | None = None
+    ) -> dict:
+        """Load LoRA adapter ``name`` (added on first call) between batches; the base weights and the other
+        adapters are untouched. Adapters of several agents may be pushed concurrently: each push waits for
+        the running batch, as a full weight update does, and pushes run one at a time."""
+        engine = self._require_engine()
+        if self._adapter_lock is None:
+            self._adapter_lock = asyncio.Lock()
+        async with self._adapter_lock:
+            await self.begin_weight_update()
+            try:
+                loop = asyncio.get_running_loop()
+                report = await loop.run_in_executor(self._executor, engine.load_adapter, name, peft_config, named_tensors)
+            finally:
+                self.weight_version += 1
+                if global_steps is not None:
+                    self.global_steps = global_steps
+                self._weights_ready.set()
+        report.update(adapter=name, weight_version=self.weight_version, global_steps=self.global_steps)
+        if self.opts.get("fingerprint_weights"):
+            report["base_fingerprint"] = base_fingerprint(engine.model)
+        return report
+
+    def get_adapter_weights(self, name: str) -> dict:
+        """A CPU copy of adapter ``name``'s LoRA tensors, under peft's names (tests and debugging)."""
+        from peft import get_peft_model_state_dict
+
+        engine = self._require_engine()
+        if name not in engine.adapters.names:
+            raise ValueError(f"{self.server_name}: no LoRA adapter {name!r}; loaded: {list(engine.adapters.names)}")
+        state = get_peft_model_state_dict(engine.adapters.model, adapter_name=name)
+        return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+    def get_base_fingerprint(self) -> str:
+        """:func:`~mgrpo_verl.hf_rollout.adapters.base_fingerprint` of the engine's base weights."""
+        return base_fingerprint(self._require_engine().model)
+
     # ------------------------------------------------------------------ introspection
 
     def get_stats(self) -> dict:
@@ -628,6 +678,7 @@ class HFRolloutServer:
             "max_model_len": self.max_model_len,
             "num_threads": self.num_threads,
             "device": str(engine.device),
+            "adapters": list(engine.adapters.names),
         }
 
     def get_weights(self) -> dict:
