@@ -10,11 +10,18 @@ from __future__ import annotations
 
 
 def ensure_registered() -> None:
-    """Register our estimators with verl (idempotent); raises if that is impossible."""
-    import mgrpo_verl.algorithms.verl_registry  # noqa: F401  (registers on import)
+    """Register everything we add to verl (idempotent); raises if that is impossible.
+
+    Our advantage estimators are registered when verl's ``core_algos`` (their registry) is imported, not on
+    ``import verl``: importing them pulls in ``core_algos`` (transformers, pydantic) and pandas, about 1 CPU
+    second and 30-55 MiB in each of a run's verl processes, most of which never compute an advantage."""
+    from importlib import import_module
+
     from mgrpo_verl.platform import register_cpu_platform
+    from mgrpo_verl.platform._import_hooks import when_imported
     from mgrpo_verl.hf_rollout import register as register_hf_rollout
 
+    when_imported("verl.trainer.ppo.core_algos", lambda _: import_module("mgrpo_verl.algorithms.verl_registry"))
     register_cpu_platform()
     register_hf_rollout()
     register_multi_agent()

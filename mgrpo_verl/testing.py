@@ -1,4 +1,4 @@
-"""Builders of small and large synthetic batches in the row layout of ALGORITHMS.md.
+"""Builders of small and large synthetic batches in the row layout of docs/algorithms.md.
 
 Used by the tests, the benchmarks and the docs' examples; handy for anyone checking their own rollout
 output against the estimators.

@@ -18,7 +18,7 @@ Rows: one per (node, agent): prompt = that agent's history (task prompt, its ear
 feedback), response = its completion at the node, all tokens its own (mask 1). ``extra_fields``:
 
 * ``"magrpo"``: ``{"node_id", "parent_node_id", "turn"}`` (node ids unique within the task; ``""`` is the
-  roots' parent), the fields of ALGORITHMS.md that ``magrpo_row_advantage`` reads;
+  roots' parent), the fields of docs/algorithms.md that ``magrpo_row_advantage`` reads;
 * ``"mgrpo"``: ``{"agent", "traj_id", "parent_traj_id": "", "score": joint reward, ...}``: every row is a
   root of the M-GRPO hierarchy, so the per-agent trainer gives each model its own agent's rows;
 * ``"reward_extra_info"``: the task's reward components of the node, ``reward/errors`` (1.0 when the

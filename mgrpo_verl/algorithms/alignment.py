@@ -1,7 +1,7 @@
 """M-GRPO trajectory alignment: a variable number of sub-agent calls per rollout → fixed-size batches.
 
 For every main row and every sub-agent name present in the batch, the output holds exactly ``D_max``
-rows of that sub-agent, filled from the d real calls that main rollout made (ALGORITHMS.md):
+rows of that sub-agent, filled from the d real calls that main rollout made (docs/algorithms.md):
 
 - d = D_max: all d, in their original order;
 - d < D_max (d > 0): all d, then D_max - d copies of them drawn uniformly with replacement;

@@ -1,4 +1,4 @@
-"""Reading and validating the row fields of ALGORITHMS.md from a verl ``DataProto``.
+"""Reading and validating the row fields of docs/algorithms.md from a verl ``DataProto``.
 
 Every problem is a ``ValueError`` that names the offending field, row id or value, never a silent
 default.

@@ -2,7 +2,7 @@
 
 A task (``uid``) expands a tree of joint-action nodes. At a node each of the n agents produces G
 completions; the joint actions become the node's children (``aligned``: G, ``cross``: G^n). Every
-node has one joint reward r, carried as the score of each of its n agent rows (ALGORITHMS.md):
+node has one joint reward r, carried as the score of each of its n agent rows (docs/algorithms.md):
 
 - return ``R(node) = r(node) + gamma * mean(R(child) for child in children(node))``; a leaf has R = r
   (a node is a leaf at the last turn or when it terminated early);

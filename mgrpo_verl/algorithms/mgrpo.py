@@ -1,6 +1,6 @@
 """M-GRPO advantages: group-relative for main and sub-agents, with hierarchical credit.
 
-Formulas (ALGORITHMS.md, "M-GRPO"); for query q with K main rollouts, rollout k calling a sub-agent
+Formulas (docs/algorithms.md, "M-GRPO"); for query q with K main rollouts, rollout k calling a sub-agent
 d_k >= 0 times:
 
 - main score ``s_M(k)`` = the main row's own score (sum of its token rewards);

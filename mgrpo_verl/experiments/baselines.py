@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mgrpo_verl.experiments.logged_run import run_logged
 
-#: variant -> its overrides of mgrpo_trainer.yaml (ALGORITHMS.md: each baseline is one switch away)
+#: variant -> its overrides of mgrpo_trainer.yaml (docs/algorithms.md: each baseline is one switch away)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "joint": (),
     "frozen": ("multi_agent.agents.sub.trainable=false",),

@@ -13,7 +13,7 @@ Layout (one tokenizer is shared by every model seed)::
 
 The tokenizer deliberately lives in its own directory without a ``config.json``: with transformers 5.10
 ``AutoTokenizer`` ignores ``tokenizer_class`` when a ``config.json`` with ``model_type: qwen2`` sits next
-to it and builds a tokenizer that encodes most text to nothing (CPU_PATH.md). Point verl's
+to it and builds a tokenizer that encodes most text to nothing (docs/cpu.md). Point verl's
 ``actor_rollout_ref.model.tokenizer_path`` at :attr:`TinyModelPaths.tokenizer_dir`.
 """
 

@@ -1,4 +1,4 @@
-"""Run verl's real trainer on CPU through verl's own extension points (design: CPU_PATH.md).
+"""Run verl's real trainer on CPU through verl's own extension points (design: docs/cpu.md).
 
 :func:`register_cpu_platform` (called by :mod:`mgrpo_verl.plugin`, i.e. on ``import verl`` in every
 process) does, in this order:

@@ -1,6 +1,6 @@
 """Start and stop Ray for CPU runs of verl, leaving nothing behind.
 
-Why each setting (measured with Ray 2.60 on a 2-core machine, VERL_0.9.1_FACTS.md / CPU_PATH.md):
+Why each setting (measured with Ray 2.60 on a 2-core machine, docs/cpu.md):
 
 - ``num_cpus`` is *logical*: verl's long-lived actors (TaskRunner, TransferQueue, agent-loop workers,
   reward workers) each hold a CPU slot, and with 2 slots they starve and the run hangs. Default 16.

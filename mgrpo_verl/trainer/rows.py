@@ -203,7 +203,7 @@ def scalar_advantages(table: RowTable, algorithm: str, config: MGRPOConfig) -> n
     if algorithm != "grpo":
         raise ValueError(f"multi_agent.algorithm must be 'mgrpo', 'grpo' or 'magrpo', got {algorithm!r}")
     main = np.flatnonzero(table.is_main)
-    # M-GRPO over main rows alone is GRPO over uid (ALGORITHMS.md, M-GRPO 6), normalised per group
+    # M-GRPO over main rows alone is GRPO over uid (docs/algorithms.md, M-GRPO 6), normalised per group
     main_adv, _ = mgrpo_scalar_advantage(
         torch.from_numpy(table.score[main]), table.agent[main], table.uid[main], np.full(len(main), -1),
         dataclasses.replace(config, norm_scope="group"),

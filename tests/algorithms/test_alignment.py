@@ -1,4 +1,4 @@
-"""Trajectory alignment (ALGORITHMS.md, "Trajectory alignment"): hand-built hierarchies, one per rule.
+"""Trajectory alignment (docs/algorithms.md, "Trajectory alignment"): hand-built hierarchies, one per rule.
 
 Advantages are computed on the real rows first (rule 5), then aligned; a copy must carry its source's
 advantage. Output layout (``align_trajectories`` docstring): the M main rows in their original order,

@@ -1,4 +1,4 @@
-"""``config`` may be a dict, an OmegaConf DictConfig or a dataclass (ALGORITHMS.md, public API), and the
+"""``config`` may be a dict, an OmegaConf DictConfig or a dataclass (docs/algorithms.md, public API), and the
 settings it carries take effect whatever the form."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hand-computed MAGRPO returns and advantages (ALGORITHMS.md, "MAGRPO").
+"""Hand-computed MAGRPO returns and advantages (docs/algorithms.md, "MAGRPO").
 
 Nodes are ``(uid, node_id, parent_node_id, turn, joint_reward)``; every node has one row per agent
 (agents ``a`` and ``b`` unless a test says otherwise), node-major.

@@ -1,4 +1,4 @@
-"""Hand-computed M-GRPO advantages (ALGORITHMS.md, "M-GRPO" 1-7).
+"""Hand-computed M-GRPO advantages (docs/algorithms.md, "M-GRPO" 1-7).
 
 Every expected value is derived in the comment beside it. std is the unbiased (n-1) one, eps = 1e-6.
 Rows are ``(agent, uid, traj_id, parent_traj_id, score)``.

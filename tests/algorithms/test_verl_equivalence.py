@@ -1,4 +1,4 @@
-"""M-GRPO with only main rows equals verl's GRPO (ALGORITHMS.md, M-GRPO rule 6), and the ``mgrpo`` /
+"""M-GRPO with only main rows equals verl's GRPO (docs/algorithms.md, M-GRPO rule 6), and the ``mgrpo`` /
 ``magrpo`` registry estimators equal verl GRPO / the full MAGRPO on what the registry can see."""
 
 from __future__ import annotations

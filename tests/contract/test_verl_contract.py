@@ -7,6 +7,7 @@ test is the one to revisit.
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 
@@ -66,6 +67,23 @@ def test_entry_point_registers_estimators_in_a_fresh_process():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_plugin_imports_nothing_heavy_on_import_verl():
+    # every process of a run imports verl, hence our plugin: the estimators wait for core_algos (their
+    # registry), the algorithms and pandas for first use; compared with verl alone in the same test
+    code = "import sys, verl; print(' '.join(sorted(sys.modules)))"
+
+    def modules(policy: str) -> set[str]:
+        env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": policy}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return set(done.stdout.split())
+
+    ours = modules("auto") - modules("none")
+    assert "mgrpo_verl.plugin" in ours
+    heavy = {"pandas", "verl.trainer.ppo.core_algos", "mgrpo_verl.algorithms", "mgrpo_verl.algorithms.verl_registry"}
+    assert not ours & heavy, sorted(ours & heavy)
 
 
 def test_dataproto_api_used_by_alignment():

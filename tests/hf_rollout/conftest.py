@@ -1,5 +1,5 @@
 """Fixtures for the HF rollout tests (the tiny model and its tokenizer are in ``tests/conftest.py``): an
-in-process engine, and a Ray instance that writes only under a temporary directory (VERL_0.9.1_FACTS.md: ``RAY_TMPDIR`` and
+in-process engine, and a Ray instance that writes only under a temporary directory (docs/cpu.md: ``RAY_TMPDIR`` and
 ``RAY_AUTH_MODE=disabled``)."""
 
 from __future__ import annotations

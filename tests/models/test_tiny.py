@@ -41,7 +41,7 @@ def test_layout_and_no_config_json_next_to_tokenizer(built):
     model_dir, tokenizer_dir = built
     assert Path(model_dir, "config.json").is_file() and Path(model_dir, "model.safetensors").is_file()
     assert Path(tokenizer_dir, "tokenizer.json").is_file()
-    assert not Path(tokenizer_dir, "config.json").exists()  # the transformers 5.10 pitfall (CPU_PATH.md)
+    assert not Path(tokenizer_dir, "config.json").exists()  # the transformers 5.10 pitfall (docs/cpu.md)
     assert not Path(model_dir, "tokenizer.json").exists()
 
 
