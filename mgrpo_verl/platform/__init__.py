@@ -128,12 +128,17 @@ def _finish_plugin_registration() -> None:
     register_cpu_platform`` then fails on this half-initialised package, verl swallows the error (debug
     log only), and the process resolves verl's platform without ours (``nvidia`` on a machine without
     an accelerator). Seen with ``import mgrpo_verl.platform.ray_session`` as a script's first import.
-    Now that this package is complete, the plugin is imported again (unless verl's policy excludes it).
+    Now that this package is complete, our entry point is loaded again, as verl loads it (unless verl's
+    policy excludes it); through the entry point, not an import of the plugin module, which imports this
+    package.
     """
     if _VERL_IMPORTED_BEFORE or "mgrpo_verl.plugin" in sys.modules:
         return
     if _plugin_allowed(os.getenv("VERL_USE_EXTERNAL_PLUGINS", "auto")):
-        import mgrpo_verl.plugin  # noqa: F401  (registers on import)
+        from importlib.metadata import entry_points
+
+        for entry_point in entry_points(group="verl.plugins", name=PLUGIN_ENTRY_POINT):
+            entry_point.load()  # registers on import
 
 
 _finish_plugin_registration()

@@ -46,6 +46,27 @@ def test_selected_automatically_without_accelerator(python_runner):
     assert out["patch_applied"] and out["engine_hook"]
 
 
+# our package imported before verl: verl then runs our entry point while mgrpo_verl.platform is half-initialised
+PLATFORM_FIRST = """
+import json, sys
+import mgrpo_verl.platform.ray_session
+from verl.plugin.platform import get_platform
+print(json.dumps({"platform_class": type(get_platform()).__name__, "plugin": "mgrpo_verl.plugin" in sys.modules}))
+"""
+
+
+@no_accelerator
+@pytest.mark.parametrize("policy, expected", [("auto", ("CpuPlatform", True)), ("none", (None, False))])
+def test_platform_package_imported_before_verl(python_runner, policy, expected):
+    out = python_runner(PLATFORM_FIRST, env={"VERL_USE_EXTERNAL_PLUGINS": policy})
+    platform, plugin = expected
+    assert out["plugin"] is plugin  # loaded again once the package is complete, unless verl's policy excludes it
+    if platform:
+        assert out["platform_class"] == platform
+    else:
+        assert out["platform_class"] != "CpuPlatform"
+
+
 def test_selected_explicitly_with_mgrpo_verl_device(python_runner):
     out = python_runner(PROBE, env={"MGRPO_VERL_DEVICE": "cpu"})
     assert out["platform_class"] == "CpuPlatform"
