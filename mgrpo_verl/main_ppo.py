@@ -38,6 +38,9 @@ register_resolvers()
 #: The metric verl logs for the mean training reward of a step, and the prefix of validation metrics.
 TRAIN_REWARD = "critic/score/mean"
 VAL_PREFIX = "val-core/"
+#: Held-out exact accuracy: the delegation loops' ``exact`` (the main agent's answer is the ground truth,
+#: ``mgrpo_verl.agent_loops.common.exact_match``), averaged by verl's validation as ``val-aux/<source>/exact/mean@n``.
+EXACT_PREFIX, EXACT_INFIX = "val-aux/", "/exact/mean@"
 
 
 @contextmanager
@@ -64,8 +67,8 @@ def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
 
 
 def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD) -> dict[str, Any]:
-    """First and last training reward (``reward_key``) and validation score from verl's JSON-lines
-    metrics file."""
+    """First and last training reward (``reward_key``), validation score and held-out exact accuracy (when the
+    rollout reports one: :data:`EXACT_INFIX`) from verl's JSON-lines metrics file."""
     records = []
     if metrics_file.is_file():
         records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
@@ -73,6 +76,8 @@ def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD
     steps = [step for step, _ in train]
     val_key = next((k for r in records for k in r["data"] if k.startswith(VAL_PREFIX) and "/mean@" in k), None)
     val = [(r["step"], r["data"][val_key]) for r in records if val_key and val_key in r["data"]]
+    exact_key = next((k for r in records for k in r["data"] if k.startswith(EXACT_PREFIX) and EXACT_INFIX in k), None)
+    exact = [(r["step"], r["data"][exact_key]) for r in records if exact_key and exact_key in r["data"]]
     return {
         "steps": len(train),
         "first_step": steps[0] if steps else None,
@@ -84,6 +89,9 @@ def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD
         "val_metric": val_key,
         "val_first": val[0][1] if val else math.nan,
         "val_last": val[-1][1] if val else math.nan,
+        "exact_metric": exact_key,
+        "exact_first": exact[0][1] if exact else math.nan,
+        "exact_last": exact[-1][1] if exact else math.nan,
         "metrics_file": str(metrics_file),
     }
 
@@ -100,6 +108,8 @@ def summary_line(s: dict[str, Any]) -> str:
         f"mgrpo_verl: {s['steps']} steps (step {s['first_step']} to {s['last_step']}) in {s['seconds']:.0f} s; "
         f"train reward{_key_note(s.get('reward_key', TRAIN_REWARD))} {s['train_reward_first']:.3f} -> {s['train_reward_last']:.3f}"
     )
+    if s.get("exact_metric"):
+        line += f"; held-out exact accuracy {s['exact_first']:.3f} -> {s['exact_last']:.3f} ({s['exact_metric']})"
     if s["val_metric"]:
         line += f"; {s['val_metric']} {s['val_first']:.3f} -> {s['val_last']:.3f}"
     return line + f"; metrics {s['metrics_file']}"

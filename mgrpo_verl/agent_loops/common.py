@@ -172,6 +172,14 @@ def safe_score(scorer: Any, role: str, text: str, ground_truth: Any) -> tuple[fl
         return 0.0, 1
 
 
+def exact_match(answer: str, ground_truth: Any) -> float:
+    """1.0 when the main agent's final answer, stripped, is the ground truth (as text, stripped), else 0.0:
+    the ``exact`` of every query's ``reward_extra_info`` (validation: ``val-aux/<source>/exact/mean@n``), the
+    headline accuracy next to the task's dense score (``acc``). The whole answer is compared: a task whose
+    answers carry a format (deep research's ``Answer: ...``) has its own exact match (``research_eval``)."""
+    return float(str(answer).strip() == str(ground_truth).strip())
+
+
 def query_stats(row: dict[str, Any], answer: str, **stats: float) -> dict[str, Any]:
     """A main trajectory's ``reward_extra_info``: ``stats`` (numbers: ``acc``, ``calls``, tokens, ...), the
     main agent's final ``answer`` text (its first :data:`ANSWER_CHARS` characters) and the row's

@@ -40,7 +40,7 @@ Row metadata, ``extra_fields`` of every row:
   ``max_global_steps``, ``global_steps``, ...): verl turns the first two into the row's staleness tags.
   The main row has two generations: min of the mins, max of the maxes, speculative-decoding counters
   summed, any other key from the last generation;
-* ``"reward_extra_info"``: :func:`query_stats`: ``{"acc": main score, "calls": d, "failed_calls",
+* ``"reward_extra_info"``: :func:`query_stats`: ``{"acc": main score, "exact" (:func:`exact_match`), "calls": d, "failed_calls",
   "main_tokens", "sub_tokens" (response tokens generated), "reward/errors", "answer", "source", "level", "id"}``.
 
 Errors: a sub-agent generation that raises or exceeds ``timeout_s`` becomes ``"<error: ...>"`` in the
@@ -195,6 +195,7 @@ class RelayDelegationLoop(AgentLoopBase):
             kwargs,
             answer_text,
             acc=score,
+            exact=common.exact_match(answer_text, digit),
             calls=d,
             failed_calls=d - len(answered),
             main_tokens=sum(len(g.token_ids) for g in turns.generations),
@@ -268,6 +269,7 @@ class RelayDelegationLoop(AgentLoopBase):
             kwargs,
             answer_text,
             acc=score,
+            exact=common.exact_match(answer_text, digit),
             calls=d,
             failed_calls=d - len(used),
             main_tokens=sum(len(g.token_ids) for g in turns.generations),

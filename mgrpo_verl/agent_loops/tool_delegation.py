@@ -57,7 +57,8 @@ Rows: the contract of :mod:`mgrpo_verl.agent_loops.delegation` (read by the M-GR
 * scores: ``scorer("main", final answer, ground truth)`` (the main agent's last generation without tool
   calls) and ``scorer("sub", report, ground truth)``, with ``multi_agent.delegation.scorer``
   (``relay.load_scorer``) and ``kwargs["reward_model"]["ground_truth"]``; ``reward_score`` is the main
-  score on every row, ``extra_fields["reward_extra_info"]`` too: ``{"acc": main score, "calls": calls,
+  score on every row, ``extra_fields["reward_extra_info"]`` too: ``{"acc": main score, "exact": the answer
+  is the ground truth (:func:`~mgrpo_verl.agent_loops.common.exact_match`), "calls": calls,
   "failed_calls", "main_tokens", "sub_tokens" (response tokens generated), "tool/<name>": calls of each tool
   of the main agent and the sub-agents that ran (delegation excluded), "tool/parse_errors" (tool calls of
   the main agent that could not be parsed), "reward/errors" (scores that raised or were not finite: scored
@@ -670,6 +671,7 @@ class ToolDelegationLoop(ToolAgentLoop):
             row,
             answer,
             acc=score,
+            exact=common.exact_match(answer, ground_truth),
             calls=started,
             failed_calls=state.failed_calls,
             main_tokens=sum(len(g.token_ids) for g in state.main.generations),

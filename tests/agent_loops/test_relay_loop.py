@@ -176,7 +176,7 @@ def test_three_calls_rows_routing_tokens_and_fields(tokenizer):
     # per-query statistics: main generated plan (3 tokens) + answer (1); the subs "44", "41", "x"
     sub_tokens = sum(len(_ids(tokenizer, t)) for t in ("44", "41", "x"))
     assert top.extra_fields["reward_extra_info"] == {
-        "acc": 0.125, "calls": 3, "failed_calls": 0, "main_tokens": 4, "sub_tokens": sub_tokens,
+        "acc": 0.125, "exact": 1.0, "calls": 3, "failed_calls": 0, "main_tokens": 4, "sub_tokens": sub_tokens,
         "answer": "4", "source": "", "level": "", "id": "", "reward/errors": 0,
     }
     # global-step tags: the sub's own weight version; main = min / max over its plan (3) and answer (5)

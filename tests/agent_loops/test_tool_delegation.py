@@ -211,6 +211,7 @@ def check_contract(rows, main_score):
         assert info["sub_tokens"] == sum(sum(s.response_mask) for s in rows[:-1])
         assert (info["source"], info["level"], info["id"]) == ("", "", "")
         assert isinstance(info["answer"], str)
+        assert info["exact"] == float(info["answer"].strip() == DIGIT)  # every test's ground truth
         assert set(meta(r)) == {"agent", "traj_id", "parent_traj_id", "score", "calls", "failed_calls", "observation_truncated"}
     list_of_dict_to_tensordict([r.as_dict() for r in rows])  # what AgentLoopWorkerTQ stores
 
@@ -256,6 +257,7 @@ def test_delegation_runs_the_sub_agents_own_tool_loop_and_reports_back(tokenizer
          "failed_calls": 0, "observation_truncated": False},
     ]  # fmt: skip
     check_contract(rows, 0.125)
+    assert top.extra_fields["reward_extra_info"]["exact"] == 1.0  # the answer "4" is the digit
     # staleness tags: the sub's own weight version; main = min / max over its two generations
     assert [(r.extra_fields["min_global_steps"], r.extra_fields["max_global_steps"]) for r in rows] == [(7, 7), (3, 5)]
 

@@ -131,7 +131,7 @@ def test_demonstrations_render_to_the_rollouts_token_ids(sft_files, tokenizer, t
             assert not any(item["loss_mask"][: len(row.prompt_ids)])
         # the episode solved the task, as demonstrated
         info = main_row.extra_fields["reward_extra_info"]
-        assert info["answer"] == digit and info["calls"] == 1 and info["failed_calls"] == 0
+        assert info["answer"] == digit and info["calls"] == 1 and info["failed_calls"] == 0 and info["exact"] == 1.0
         assert info["tool/parse_errors"] == 0 and info[f"tool/{relay.SECRET_TOOL}"] == 1
 
 
