@@ -193,7 +193,8 @@ class HFServerAdapter(BaseRollout):
         logger.info(
             "HF rollout replica %d: adapter %r, %d tensors (%.2f MB) synced in %.3fs, weight_version=%s%s",
             self.replica_rank, report["adapter"], report["loaded"], report["bytes"] / 2**20, time.perf_counter() - start,
-            report.get("weight_version"), f", base_fingerprint={report['base_fingerprint']}" if "base_fingerprint" in report else "",
+            report.get("weight_version"), f", global_steps={report.get('global_steps')}, base_fingerprint={report['base_fingerprint']}, "
+            f"adapter_fingerprint={report['adapter_fingerprint']}" if "base_fingerprint" in report else "",
         )
 
     def generate_sequences(self, prompts):

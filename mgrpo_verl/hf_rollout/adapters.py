@@ -79,6 +79,16 @@ def base_fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
+def tensors_fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """16 hex digits of sha256 over ``(name, tensor)`` pairs in name order (float32 bytes): an adapter as
+    pushed, to show that a resumed run serves exactly the adapter its checkpoint saved."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 class AdapterSet:
     """Named LoRA adapters on one base model (peft), for inference.
 

@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from mgrpo_verl.hf_rollout.adapters import base_fingerprint
+from mgrpo_verl.hf_rollout.adapters import base_fingerprint, tensors_fingerprint
 from mgrpo_verl.hf_rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine, weights_fingerprint
 from mgrpo_verl.hf_rollout.sampling import (
     LOGPROBS_MODES,
@@ -647,6 +647,7 @@ class HFRolloutServer:
         report.update(adapter=name, weight_version=self.weight_version, global_steps=self.global_steps)
         if self.opts.get("fingerprint_weights"):
             report["base_fingerprint"] = base_fingerprint(engine.model)
+            report["adapter_fingerprint"] = tensors_fingerprint(named_tensors)
         return report
 
     def get_adapter_weights(self, name: str) -> dict:

@@ -6,8 +6,9 @@ function), :func:`agent_full_config` (the config one model owner's workers get) 
 ``main_ppo`` runs before Ray starts (``rollout.n``, model paths, the keys of per-agent overrides).
 
 Multi-agent mode does not support some verl features (each refused with its own message): a critic,
-``algorithm.use_kl_in_reward``, an active ``algorithm.rollout_correction``, a reward model, LoRA,
-distillation, and more than one node (``trainer.nnodes`` must be 1).
+``algorithm.use_kl_in_reward``, an active ``algorithm.rollout_correction``, a reward model, distillation,
+and more than one node (``trainer.nnodes`` must be 1). LoRA agents have rules of their own
+(:func:`mgrpo_verl.trainer.lora.check_lora`).
 
 Everything here is pure: no Ray, no models; the input config is never modified.
 """
@@ -25,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from mgrpo_verl.algorithms.config import MAGRPOConfig
 from mgrpo_verl.config.resolvers import trainer_mode
 from mgrpo_verl.config.schema import AgentConfig, CooperationConfig, MultiAgentConfig, load_multi_agent
+from mgrpo_verl.trainer.lora import check_lora
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +188,7 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
     if ma.placement == "shared":
         _check_shared_engines(config, owners)
     check_override_keys(config, ma.model_owners)  # every side's agents: one shared config
+    check_lora(config, ma)  # LoRA agents: verl's keys per agent, which of them share a rollout engine
     # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
     _check_agent_overrides(config, owners, rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
     return ma
@@ -228,15 +231,6 @@ def _rollout_correction_active(value: Any) -> bool:
     )
 
 
-def _lora_path(config: DictConfig) -> Optional[tuple[str, Any]]:
-    """The LoRA key of ``config.actor_rollout_ref.model`` that enables LoRA, if any, and its value."""
-    for key in ("lora_rank", "lora.rank"):
-        value = OmegaConf.select(config, f"actor_rollout_ref.model.{key}", default=None, throw_on_missing=False)
-        if _positive(value):
-            return f"actor_rollout_ref.model.{key}", value
-    return None
-
-
 def _check_unsupported(config: DictConfig) -> None:
     critic = _select(config, "critic.enable")
     if critic is True:
@@ -265,9 +259,6 @@ def _check_unsupported(config: DictConfig) -> None:
             raise ValueError(
                 f"{key} is true: a reward model is not supported in multi-agent mode; use a reward function"
             )
-    lora = _lora_path(config)
-    if lora is not None:
-        raise ValueError(f"{lora[0]} is {lora[1]!r}: LoRA is not supported in multi-agent mode; set it to 0")
     if _select(config, "distillation.enabled") is True:
         raise ValueError("distillation.enabled is true: distillation is not supported in multi-agent mode")
 
@@ -317,12 +308,6 @@ def _check_agent_overrides(config: DictConfig, owners: list[AgentConfig], rows_p
             )
         if not spec.actor_rollout_ref:
             continue
-        lora = _lora_path(full)
-        if lora is not None:
-            raise ValueError(
-                f"{path}.{lora[0].removeprefix('actor_rollout_ref.')} makes {lora[0]} {lora[1]!r} for agent "
-                f"{spec.name!r}: LoRA is not supported in multi-agent mode"
-            )
         n = _select(full, "actor_rollout_ref.rollout.n")
         if n != top_n:
             raise ValueError(

@@ -10,7 +10,8 @@ What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing e
   model-owning agent (``agents.py``), each in a resource pool of its own or all in one
   (``multi_agent.placement: shared``: several agents on one GPU), after a memory pre-flight
   (``memory.py``); and an LLM client that routes each agent's generations to its own servers
-  (``MultiAgentLLMClient``);
+  (``MultiAgentLLMClient``); LoRA agents on one base model share the first one's rollout engine, each
+  with its own adapter (``lora.py``, docs/lora.md);
 - **step** (:meth:`MultiAgentTrainer._step_once`, below): sample every agent's rows → M-GRPO advantages
   on the real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
   reference / actor-update methods on that model's rows only; then weight sync per model (``on_step_end``);
@@ -60,6 +61,8 @@ from mgrpo_verl.trainer.agents import (
     AgentRuntime,
     side_replica_offsets,
 )
+from mgrpo_verl.trainer.lora import adapter_hosts, agent_client
+from mgrpo_verl.trainer.lora_export import lora_settings
 from mgrpo_verl.trainer.memory import preflight
 from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
 from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
@@ -123,7 +126,9 @@ class MultiAgentTrainer(PPOTrainer):
         for rt in self.agents.values():
             pool = self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt)))
             offset = rt.config.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY]
-            rt.llm = AgentLLMServerManager.create(
+            host = self.adapter_hosts.get(rt.name, rt.name)
+            # a LoRA agent on another agent's base uses that agent's engine (trainer/lora.py); hosts come first
+            rt.llm = self.agents[host].llm if host != rt.name else AgentLLMServerManager.create(
                 config=rt.config, worker_group=rt.worker_group, rollout_resource_pool=pool, start_rank=offset
             )
             ce_config = omega_conf_to_dataclass(rt.config.actor_rollout_ref.rollout.checkpoint_engine)
@@ -142,13 +147,15 @@ class MultiAgentTrainer(PPOTrainer):
     def _agent_runtimes(self) -> dict[str, AgentRuntime]:
         ma = self.multi_agent
         configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.local_owners}
+        self.adapter_hosts = adapter_hosts(self.config, ma)
+        own = {name: self.adapter_hosts.get(name, name) == name for name in configs}  # guests have no replicas
         # decoupled sides count the other side's owners too, so that their replicas never share a rank
-        offsets = side_replica_offsets(ma, {name: _replica_count(cfg) for name, cfg in configs.items()})
+        offsets = side_replica_offsets(ma, {name: _replica_count(cfg) if own[name] else 0 for name, cfg in configs.items()})
         runtimes = {}
         for spec in ma.local_owners:
             cfg = configs[spec.name]
-            with open_dict(cfg):
-                cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[spec.name]
+            with open_dict(cfg):  # a guest's workers push their adapter to its host's replicas
+                cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[self.adapter_hosts.get(spec.name, spec.name)]
             runtimes[spec.name] = AgentRuntime(
                 name=spec.name,
                 trainable=spec.trainable,
@@ -213,7 +220,7 @@ class MultiAgentTrainer(PPOTrainer):
 
     def get_llm_client(self) -> MultiAgentLLMClient:
         ma = self.multi_agent
-        clients = {n: self.agents[ma.owner_of(n)].llm.get_client() for n in ma.agents}
+        clients = {n: agent_client(self.agents[ma.owner_of(n)].llm, ma.owner_of(n), self.adapter_hosts) for n in ma.agents}
         return MultiAgentLLMClient(clients, main=ma.main)
 
     # ------------------------------------------------------------------------------------ weight sync
@@ -403,6 +410,9 @@ class MultiAgentTrainer(PPOTrainer):
             rt.name: {"model": rt.config.actor_rollout_ref.model.path, "trainable": rt.trainable, "plays": list(rt.plays)}
             for rt in self.agents.values()
         }
+        for rt in self.agents.values():  # a LoRA agent's settings, which the merged export needs (trainer/lora_export.py)
+            if (lora := lora_settings(rt.config.actor_rollout_ref.model)) is not None:
+                manifest[rt.name]["lora"] = lora
         ckpt.write_atomic(os.path.join(folder, ckpt.MANIFEST), json.dumps(manifest, indent=2))
         ckpt.write_atomic(os.path.join(folder, ckpt.MARKER), json.dumps({"global_step": self.global_steps, "agents": saved}))
         ckpt.write_atomic(os.path.join(root, ckpt.TRACKER), str(self.global_steps))

@@ -351,12 +351,8 @@ INVALID = {
     "rollout_correction_bypass": ({"algorithm.rollout_correction": {"bypass_mode": True}}, "algorithm.rollout_correction"),
     "reward_model": ({"reward.reward_model.enable": True}, "reward.reward_model.enable"),
     "legacy_reward_model": ({"reward_model": {"enable": True}}, "reward_model.enable"),
-    "lora_rank": ({"actor_rollout_ref.model.lora_rank": 8}, "actor_rollout_ref.model.lora_rank"),
+    # Megatron's LoRA key; verl's FSDP lora_rank is accepted (tests/trainer/test_lora_config.py)
     "lora_dict_rank": ({"actor_rollout_ref.model.lora": {"rank": 16}}, "actor_rollout_ref.model.lora.rank"),
-    "agent_lora_rank": (
-        {f"{_A}.sub.actor_rollout_ref": {"model": {"lora_rank": 4}}},
-        f"{_A}.sub.actor_rollout_ref.model.lora_rank",
-    ),
     "agent_lora_dict_rank": (
         {f"{_A}.sub.actor_rollout_ref": {"model": {"lora": {"rank": 4}}}},
         f"{_A}.sub.actor_rollout_ref.model.lora.rank",

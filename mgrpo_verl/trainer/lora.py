@@ -1,0 +1,148 @@
+"""Agents as LoRA adapters (docs/lora.md): the config rules and which agents share one rollout engine.
+
+An agent is a LoRA agent when its config (the top-level ``actor_rollout_ref`` merged with
+``multi_agent.agents.<name>.actor_rollout_ref``) has verl's ``actor_rollout_ref.model.lora_rank > 0``; rank,
+``lora_alpha`` and ``target_modules`` are verl's own keys, per agent. Its actor is verl's FSDP actor with a
+peft adapter (the base frozen, an optimizer over the adapter only), trained on that agent's rows as any
+model of ours.
+
+Differs from verl, where one rollout engine serves one adapter: with the ``hf`` rollout, the LoRA agents
+whose adapters stay separate (``model.lora.merge: false``, verl's default) and whose base is the same
+``model.path`` share **one** engine, hosted by the first of them (:func:`adapter_hosts`); each agent's
+weight sync sends its adapter only, under the agent's name, and each agent's requests name its adapter.
+With ``lora.merge: true`` (verl syncs merged full weights) or another rollout engine (vLLM, SGLang: verl's
+one adapter per engine, never run here), a LoRA agent gets an engine of its own, as a full model does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mgrpo_verl.config.schema import AgentConfig, MultiAgentConfig
+
+SHARED_ENGINE_ROLLOUTS = ("hf",)
+"""Rollout engines that serve several agents' adapters on one base (ours)."""
+
+LORA_STRATEGIES = ("fsdp", "fsdp2")
+"""Actor strategies whose LoRA (peft) verl implements with ``model.lora_rank``."""
+
+
+def _get(config: DictConfig, key: str) -> Any:
+    value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _rank(config: DictConfig) -> int:
+    value = _get(config, "actor_rollout_ref.model.lora_rank")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _full(config: DictConfig, spec: AgentConfig) -> DictConfig:
+    from mgrpo_verl.trainer.multi_agent_config import agent_full_config
+
+    return agent_full_config(config, spec)
+
+
+def lora_owners(config: DictConfig, owners) -> dict[str, DictConfig]:
+    """The LoRA agents among the model owners ``owners``, each with its full config."""
+    fulls = {spec.name: _full(config, spec) for spec in owners}
+    return {name: full for name, full in fulls.items() if _rank(full)}
+
+
+def _shares_engine(full: DictConfig) -> bool:
+    return _get(full, "actor_rollout_ref.rollout.name") in SHARED_ENGINE_ROLLOUTS and not bool(
+        _get(full, "actor_rollout_ref.model.lora.merge"))
+
+
+def adapter_hosts(config: DictConfig, ma: MultiAgentConfig) -> dict[str, str]:
+    """LoRA agent -> the agent whose rollout engine serves its adapter (itself for the first agent on a base),
+    for every model owner built here whose adapter is served by a shared engine; other agents are absent."""
+    hosts: dict[str, str] = {}
+    first: dict[str, str] = {}
+    for name, full in lora_owners(config, ma.local_owners).items():
+        if not _shares_engine(full):
+            continue
+        base = str(_get(full, "actor_rollout_ref.model.path"))
+        hosts[name] = first.setdefault(base, name)
+    return hosts
+
+
+def agent_client(llm: Any, owner: str, hosts: dict[str, str]) -> Any:
+    """The ``LLMServerClient`` of model owner ``owner`` from its server manager ``llm``: on a shared engine
+    (``owner`` in ``hosts``) one whose requests name ``owner``'s adapter, else verl's plain client."""
+    if owner not in hosts:
+        return llm.get_client()
+    from mgrpo_verl.hf_rollout.adapters import AdapterLLMServerClient
+
+    return llm.get_client(client_cls=AdapterLLMServerClient, lora_name=owner)
+
+
+#: Settings that members of one shared engine must agree on: the engine is built from the host's.
+_ENGINE_KEYS = (
+    "actor_rollout_ref.model.tokenizer_path",
+    "actor_rollout_ref.rollout.dtype",
+    "actor_rollout_ref.rollout.engine_kwargs",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "actor_rollout_ref.rollout.data_parallel_size",
+    "actor_rollout_ref.rollout.max_model_len",
+    "actor_rollout_ref.rollout.prompt_length",
+    "actor_rollout_ref.rollout.response_length",
+    "trainer.n_gpus_per_node",
+)
+
+
+def _source(spec: AgentConfig, key: str) -> str:
+    """The full key that sets ``actor_rollout_ref.<key>`` for ``spec``: its override's, else the top level's."""
+    node: Any = spec.actor_rollout_ref
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    where = f"multi_agent.agents.{spec.name}.actor_rollout_ref" if node is not None else "actor_rollout_ref"
+    return f"{where}.{key}"
+
+
+def check_lora(config: DictConfig, ma: MultiAgentConfig) -> None:
+    """The LoRA rules of multi-agent mode, before Ray starts; ``ValueError`` naming the key. Called by
+    :func:`~mgrpo_verl.trainer.multi_agent_config.parse_multi_agent` after the GPU shares are resolved."""
+    for spec in ma.model_owners:
+        full = _full(config, spec)
+        megatron = _get(full, "actor_rollout_ref.model.lora.rank")
+        if isinstance(megatron, int) and megatron > 0:
+            raise ValueError(
+                f"{_source(spec, 'model.lora.rank')} makes actor_rollout_ref.model.lora.rank {megatron} for agent "
+                f"{spec.name!r}: that is Megatron's LoRA, which multi-agent mode does not support; use verl's FSDP "
+                f"LoRA, actor_rollout_ref.model.lora_rank"
+            )
+        rank = _rank(full)
+        if not rank:
+            continue
+        what = f"agent {spec.name!r} is a LoRA agent ({_source(spec, 'model.lora_rank')}={rank})"
+        strategy = _get(full, "actor_rollout_ref.actor.strategy")
+        if strategy not in LORA_STRATEGIES:
+            raise ValueError(f"{what} but actor_rollout_ref.actor.strategy is {strategy!r}: verl's LoRA (peft) needs "
+                             f"one of {list(LORA_STRATEGIES)}")
+        if _get(full, "actor_rollout_ref.actor.use_kl_loss") is True:
+            raise ValueError(
+                f"{what} and actor_rollout_ref.actor.use_kl_loss is true: the reference of a LoRA agent is its base "
+                f"with the adapter off (verl's ref_in_actor), which the per-agent trainer does not wire yet; set "
+                f"use_kl_loss=false for LoRA agents"
+            )
+        if ma.decoupled.role is not None:
+            raise ValueError(f"{what} but multi_agent.decoupled.role is {ma.decoupled.role!r}: LoRA agents are "
+                             f"supported in the synchronous mode only (decoupled.role: null)")
+    hosts = adapter_hosts(config, ma)
+    owners = {s.name: s for s in ma.local_owners}
+    for name, host in hosts.items():
+        if name == host:
+            continue
+        mine, theirs = _full(config, owners[name]), _full(config, owners[host])
+        for key in _ENGINE_KEYS:
+            a, b = _get(mine, key), _get(theirs, key)
+            if a != b:
+                raise ValueError(
+                    f"LoRA agents {host!r} and {name!r} share one rollout engine (same actor_rollout_ref.model.path, "
+                    f"rollout hf, lora.merge false) but {key} differs ({b!r} vs {a!r}): the engine is built once, from "
+                    f"{host!r}'s settings; make them equal (or set model.lora.merge=true on {name!r} to give it an "
+                    f"engine of its own)"
+                )

@@ -1,0 +1,94 @@
+"""LoRA agents in the multi_agent config (mgrpo_verl/trainer/lora.py): verl's own ``model.lora_rank`` /
+``lora_alpha`` / ``target_modules`` per agent, which agents share one HF rollout engine, and the refusals,
+all before Ray starts. On verl's generated trainer config."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mgrpo_verl.trainer.lora import adapter_hosts
+from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
+
+
+def _config(main: dict | None = None, sub: dict | None = None, **top):
+    verl_dir = Path(importlib.util.find_spec("verl").origin).parent
+    config = OmegaConf.load(verl_dir / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    config.algorithm.adv_estimator = "grpo"
+    config.trainer.v1.trainer_mode = "mgrpo"
+    config.trainer.n_gpus_per_node = 2
+    config.actor_rollout_ref.rollout.name = "hf"
+    config.actor_rollout_ref.model.path = "models/base"
+    for key, value in top.items():
+        OmegaConf.update(config, key.replace("__", "."), value, merge=False)
+    config.multi_agent = {
+        "enable": True,
+        "agents": {"main": {"actor_rollout_ref": main or {}}, "sub": {"actor_rollout_ref": sub or {}}},
+    }
+    return config
+
+
+def lora(rank=8, **model):
+    return {"model": {"lora_rank": rank, **model}}
+
+
+def test_two_lora_agents_on_one_base_share_one_engine_with_their_own_settings():
+    config = _config(main=lora(8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+                     sub=lora(2, lora_alpha=4, target_modules="all-linear"))
+    ma = parse_multi_agent(config)
+    assert adapter_hosts(config, ma) == {"main": "main", "sub": "main"}
+    sub = agent_full_config(config, ma.agent("sub")).actor_rollout_ref.model
+    main = agent_full_config(config, ma.agent("main")).actor_rollout_ref.model
+    assert (sub.lora_rank, sub.lora_alpha, sub.target_modules) == (2, 4, "all-linear")
+    assert (main.lora_rank, main.lora_alpha, list(main.target_modules)) == (8, 16, ["q_proj", "v_proj"])
+
+
+def test_top_level_lora_makes_every_agent_an_adapter():
+    config = _config(actor_rollout_ref__model__lora_rank=4)
+    ma = parse_multi_agent(config)
+    assert adapter_hosts(config, ma) == {"main": "main", "sub": "main"}
+
+
+@pytest.mark.parametrize("main,sub,hosts", [
+    ({}, lora(4), {"sub": "sub"}),                                    # full main + LoRA sub
+    (lora(4), lora(4, path="models/other"), {"main": "main", "sub": "sub"}),  # two bases: an engine each
+    (lora(4), {"model": {"lora_rank": 4, "lora": {"merge": True}}}, {"main": "main"}),  # merged sync: own engine
+    (lora(4), {**lora(4), "rollout": {"name": "vllm"}}, {"main": "main"}),  # verl's vLLM LoRA: own engine
+    ({}, {}, {}),
+], ids=["full_main_lora_sub", "two_bases", "merge", "vllm", "no_lora"])
+def test_mixed_setups(main, sub, hosts):
+    config = _config(main=main, sub=sub)
+    assert adapter_hosts(config, parse_multi_agent(config)) == hosts
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"sub": lora(4), "actor_rollout_ref__actor__strategy": "megatron"}, r"LoRA agent \(multi_agent\.agents\.sub.*strategy is 'megatron'"),
+    ({"sub": lora(4), "actor_rollout_ref__actor__use_kl_loss": True}, "use_kl_loss is true"),
+    ({"sub": {"model": {"lora": {"rank": 4}}}}, r"multi_agent\.agents\.sub\.actor_rollout_ref\.model\.lora\.rank.*Megatron"),
+    ({"main": lora(4), "sub": {**lora(4), "rollout": {"response_length": 7}}},
+     r"share one rollout engine.*actor_rollout_ref\.rollout\.response_length differs"),
+], ids=["strategy", "kl_loss", "megatron_key", "engine_mismatch"])
+def test_refusals(kwargs, expected):
+    main, sub = kwargs.pop("main", None), kwargs.pop("sub", None)
+    config = _config(main=main, sub=sub, **kwargs)
+    with pytest.raises(ValueError, match=expected):
+        parse_multi_agent(config)
+
+
+def test_agents_sharing_an_engine_need_equal_gpu_shares():
+    config = _config(actor_rollout_ref__model__lora_rank=4)
+    config.trainer.n_gpus_per_node = 3
+    config.multi_agent.agents.sub.n_gpus_per_node = 2
+    with pytest.raises(ValueError, match=r"trainer\.n_gpus_per_node differs \(1 vs 2\)"):
+        parse_multi_agent(config)
+
+
+def test_decoupled_lora_is_refused():
+    config = _config(sub=lora(4))
+    config.multi_agent.decoupled = {"role": "main", "store": "sqlite:////tmp/x.db", "sub_urls": {"sub": "http://h:1"}}
+    config.trainer.v1.trainer_mode = "mgrpo_decoupled_main"
+    with pytest.raises(ValueError, match="synchronous mode only"):
+        parse_multi_agent(config)

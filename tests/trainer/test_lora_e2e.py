@@ -1,0 +1,123 @@
+"""End to end on CPU: two agents as LoRA adapters on one tiny base, through ``python -m mgrpo_verl.main_ppo``.
+
+Both agents play the same base model (main: rank 4, alpha 16, every linear layer; sub: rank 4, alpha 8, q/v
+projections only: verl's own ``model.lora_*`` keys, per agent). Two runs:
+
+1. 2 steps, validation before training and after step 2, a checkpoint per step;
+2. the same command to step 3: resumes from ``global_step_2``.
+
+Checked: one HF rollout server serves both agents (adapter-only syncs, each under its agent's name); the
+base weights the server holds stay bit-identical to the model folder's at every sync; each agent's rollout
+log-probs equal its actor's (``rollout_probs_diff_max``: generation used that agent's adapter and no other);
+the checkpoint's adapters differ between the agents and from their initialisation, its base tensors equal
+the model folder's; the resumed run serves exactly the adapters saved at step 2; the export writes each
+agent as a merged HF model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+DENSE_SCORER = """
+def score(role, text, ground_truth):
+    return sum(c in "aeiouAEIOU" for c in text[:16]) / 16
+"""
+
+LORA = (
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.model.lora_alpha=16",
+    # the sub-agent is an adapter on the main agent's base, with settings of its own
+    "multi_agent.agents.sub.actor_rollout_ref.model.path=${actor_rollout_ref.model.path}",
+    "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}",
+    "+multi_agent.agents.sub.actor_rollout_ref.model.lora_alpha=8",
+    "+multi_agent.agents.sub.actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+    "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
+    "trainer.test_freq=2",
+)
+
+SYNC = re.compile(r"HF rollout replica (\d+): adapter '(\w+)', (\d+) tensors .*global_steps=(\S+), "
+                  r"base_fingerprint=(\w+), adapter_fingerprint=(\w+)")
+
+
+def _syncs(log: str) -> list[tuple]:
+    """(replica, adapter, tensors, global_steps, base fingerprint, adapter fingerprint) of every adapter sync."""
+    return [(int(r), a, int(n), s, b, f) for r, a, n, s, b, f in SYNC.findall(log)]
+
+
+def test_two_adapters_on_one_base_train_checkpoint_resume_export(main_ppo, tmp_path):
+    from mgrpo_verl.hf_rollout.engine import weights_fingerprint
+    from mgrpo_verl.trainer.lora_export import export, load_actor_state
+
+    scorer = tmp_path / "dense_scorer.py"
+    scorer.write_text(DENSE_SCORER)
+    common = (*LORA, f"multi_agent.delegation.scorer={scorer}:score")
+
+    first = main_ppo("lora", "trainer.total_training_steps=2", "trainer.save_freq=1", *common)
+    assert first.returncode == 0, first.log[-6000:]
+    assert first.steps() == [1, 2]
+    assert any(k.startswith("val-core/") for k in first.at(0)) and any(k.startswith("val-core/") for k in first.at(2))
+    # one rollout server for both agents
+    assert len(re.findall(r"hf_server_\d+_\d+ ready: model=", first.log)) == 1, first.log[-4000:]
+    syncs = _syncs(first.log)
+    # every sync sends one agent's adapter only (2 layers x 7 linear layers x (A, B) for main; x 2 for sub), to replica 0
+    assert {(r, a, n) for r, a, n, *_ in syncs} == {(0, "main", 28), (0, "sub", 8)}
+    assert [a for _, a, *_ in syncs].count("main") == 3 and [a for _, a, *_ in syncs].count("sub") == 3  # start, step 1, 2
+
+    step2 = tmp_path / "ckpt" / "global_step_2"
+    manifest = json.loads((step2 / "agents.json").read_text())
+    base_path = manifest["main"]["model"]
+    assert manifest["sub"]["model"] == base_path
+    assert manifest["main"]["lora"]["lora_alpha"] == 16 and manifest["main"]["lora"]["target_modules"] == "all-linear"
+    assert manifest["sub"]["lora"]["lora_alpha"] == 8 and manifest["sub"]["lora"]["target_modules"] == ["q_proj", "v_proj"]
+    from transformers import AutoModelForCausalLM
+
+    base_fp = weights_fingerprint(AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32))
+    assert {b for *_, b, _ in syncs} == {base_fp}  # the served base never changed
+
+    for step in (1, 2):
+        m = first.at(step)
+        for agent in ("main", "sub"):
+            assert m[f"agent/{agent}/actor/grad_norm"] > 0
+            assert math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
+            # the rollout's log-probs are the actor's own: generated with this agent's adapter, no other
+            assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-3
+
+    states = {(a, s): load_actor_state(str(tmp_path / "ckpt" / f"global_step_{s}" / "agents" / a / "actor"))
+              for a in ("main", "sub") for s in (1, 2)}
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight"
+    main_b, sub_b = states[("main", 2)][key], states[("sub", 2)][key]
+    assert main_b.shape == sub_b.shape and not torch.equal(main_b, sub_b)  # same shape, trained apart
+    assert sub_b.abs().sum() > 0 and not torch.equal(states[("sub", 1)][key], sub_b)  # B starts at 0 and moves
+    # the base tensors: identical in both agents' checkpoints (a layer is a peft base_layer only where adapted)
+    bases = [{k.replace(".base_layer.", "."): v for k, v in states[(a, 2)].items() if "lora_" not in k} for a in ("main", "sub")]
+    assert bases[0].keys() == bases[1].keys() and len(bases[0]) == 27
+    for name, value in bases[0].items():
+        assert torch.equal(value, bases[1][name]), name
+
+    second = main_ppo("resume", "trainer.total_training_steps=3", *common)
+    assert second.returncode == 0, second.log[-6000:]
+    assert second.steps() == [3]
+    resumed = _syncs(second.log)
+    for agent in ("main", "sub"):
+        saved = [f for _, a, _, _, _, f in syncs if a == agent][-1]  # pushed after step 2, as checkpointed
+        served = [f for _, a, _, _, _, f in resumed if a == agent][0]  # pushed at the resumed run's start
+        assert served == saved, agent
+    assert {b for *_, b, _ in resumed} == {base_fp}
+
+    reports = export(str(step2), str(tmp_path / "export"))
+    assert [r["agent"] for r in reports] == ["main", "sub"]
+    merged = {r["agent"]: AutoModelForCausalLM.from_pretrained(r["path"], dtype=torch.float32) for r in reports}
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    weights = {n: dict(m.named_parameters())[q] for n, m in merged.items()}
+    assert not torch.equal(weights["main"], weights["sub"])
+    assert not torch.equal(weights["main"], dict(base.named_parameters())[q])
+    o = "model.layers.0.self_attn.o_proj.weight"  # not a target of sub's adapter: sub's merged model keeps the base's
+    assert torch.equal(dict(merged["sub"].named_parameters())[o], dict(base.named_parameters())[o])
