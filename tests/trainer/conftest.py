@@ -1,80 +1,135 @@
-"""Running the real entry point, ``python -m mgrpo_verl.main_ppo``, hermetically in a subprocess."""
+"""Fixtures of the end-to-end tests: the real entry point, ``python -m mgrpo_verl.main_ppo``, run hermetically in
+subprocesses (the plumbing is in ``e2e.py``), and the training runs that several tests check, started once per
+test session:
+
+- ``two_agent_job``: the default two-agent job on a simulated two-node cluster (one agent pinned to each node),
+  2 steps with validation and checkpoints; checked by ``test_multi_agent_e2e.py`` (training, checkpoints, then a
+  resume on this machine's own Ray) and ``test_multinode_e2e.py`` (where Ray placed the agents);
+- ``frozen_sub_on_one_gpu``: a frozen sub-agent beside the trained main agent on one shared logical GPU, 1 step;
+  checked by ``test_multi_agent_e2e.py`` (frozen) and ``test_one_gpu_e2e.py`` (shared GPU);
+- ``decoupled_on_two_machines``: decoupled M-GRPO, the main and the sub side as two processes, each joined to its
+  own simulated single-node cluster, 2 steps with validation on the main side; checked by
+  ``test_decoupled_e2e.py`` (statistics exchange, advantages) and ``test_multinode_e2e.py`` (placement).
+
+Each of these fixtures runs its processes to the end and shuts its clusters down before any test reads it: what
+a test gets is files and values, nothing that holds a process.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-# Steer platform choice or Ray; cleared so every run starts from the same state.
-_CLEARED = ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS", "VERL_FILE_LOGGER_PATH")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the e2e helper module, for this file and the tests
 
-
-@dataclass
-class Run:
-    returncode: int
-    log: str
-    metrics: list[dict]
-
-    def steps(self) -> list[int]:
-        return [r["step"] for r in self.metrics if "critic/score/mean" in r["data"]]
-
-    def at(self, step: int) -> dict:
-        merged: dict = {}
-        for r in self.metrics:
-            if r["step"] == step:
-                merged.update(r["data"])
-        return merged
+from e2e import (  # noqa: E402
+    DECOUPLED_D_MAX,
+    DECOUPLED_STEPS,
+    MGRPO_CONFIG,
+    TWO_MODELS,
+    MainPPO,
+    Run,
+    dense_scorer,
+    free_port,
+    reaped,
+    simulated_cluster,
+)
 
 
 @pytest.fixture
-def main_ppo(tmp_path):
-    """``run(name, *overrides, timeout=900, config=None, env=None)``: run the entry point in ``tmp_path/name`` with a
-    private HOME, cache and Hugging Face home; checkpoints under ``tmp_path/ckpt`` (shared by runs, for resuming).
-    ``env`` is set after the clearing (e.g. ``{"RAY_ADDRESS": ...}`` to join an existing cluster)."""
-    home = tmp_path / "home"
-    home.mkdir()
+def main_ppo(tmp_path) -> MainPPO:
+    """``main_ppo(name, *overrides, timeout=900, config=None, env=None) -> Run`` in ``tmp_path`` (see
+    :class:`e2e.MainPPO`); ``.start(...)`` starts one without waiting. ``.home``, ``.cache``, ``.checkpoints``."""
+    return MainPPO(tmp_path)
 
-    def run(name: str, *overrides: str, timeout: float = 900, config: str | None = None, env: dict | None = None) -> Run:
-        workdir = tmp_path / name
-        workdir.mkdir()
-        metrics = workdir / "metrics.jsonl"
-        extra_env = env or {}
-        env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
-        env.update(
-            HOME=str(home),
-            MGRPO_VERL_CACHE=str(tmp_path / "cache"),
-            HF_HOME=str(tmp_path / "hf"),
-            TOKENIZERS_PARALLELISM="false",
-            PYTHONUNBUFFERED="1",
-            # Ray folds similar log lines of different workers into one ("[repeated 3x across cluster]"),
-            # which would hide per-server lines the tests read
-            RAY_DEDUP_LOGS="0",
+
+@dataclass
+class ClusterRun:
+    """A run joined to a simulated cluster, and Ray's record of the cluster after it (``SimulatedCluster.state``)."""
+
+    run: Run
+    address: str
+    state: dict
+    main_ppo: MainPPO
+    scorer: str
+
+
+@pytest.fixture(scope="session")
+def two_agent_job(tmp_path_factory) -> ClusterRun:
+    """The default two-agent job (M-GRPO, two models of different sizes, KL loss, dense scorer), 2 steps, validation
+    before training and after step 2, a checkpoint per step, on a two-node cluster (``node_a``, ``node_b``, one
+    GPU each) joined through ``RAY_ADDRESS`` alone; main is pinned to ``node_a`` and sub to ``node_b`` (against
+    Ray's own choice, which put main on ``node_b`` in every unpinned run)."""
+    main_ppo = MainPPO(tmp_path_factory.mktemp("two_agent_job"))
+    scorer = dense_scorer(main_ppo.root)
+    with simulated_cluster("node_a", "node_b") as cluster:
+        run = main_ppo(
+            "joint", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2", *TWO_MODELS,
+            f"multi_agent.delegation.scorer={scorer}",
+            "multi_agent.agents.main.node_resource=node_a", "multi_agent.agents.sub.node_resource=node_b",
+            config=MGRPO_CONFIG, env={"RAY_ADDRESS": cluster.address},
         )
-        env.update(extra_env)
-        args = [
-            sys.executable, "-m", "mgrpo_verl.main_ppo",
-            *(("--config-name", config) if config else ()),
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-            f"mgrpo_verl.metrics_file={metrics}",
-            *overrides,
-        ]
-        proc = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
-        log = proc.stdout + proc.stderr
-        (workdir / "log.txt").write_text(log)
-        records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
-        return Run(proc.returncode, log, records)
-
-    run.home = home
-    run.checkpoints = tmp_path / "ckpt"
-    run.cache = tmp_path / "cache"
-    return run
+        state = cluster.state() if run.returncode == 0 else {}
+        return ClusterRun(run, cluster.address, state, main_ppo, scorer)
 
 
-def files_under(path: Path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+@pytest.fixture(scope="session")
+def frozen_sub_on_one_gpu(tmp_path_factory) -> Run:
+    """The two models of ``two_agent_job`` with the sub-agent frozen (``trainable=false``), both on ONE logical GPU
+    (``placement=shared``), 1 step, validation after it; no GPU memory is given, so the pre-flight estimate is
+    skipped."""
+    main_ppo = MainPPO(tmp_path_factory.mktemp("frozen_sub_on_one_gpu"))
+    return main_ppo(
+        "frozen", "trainer.n_gpus_per_node=1", "multi_agent.placement=shared", "multi_agent.agents.sub.trainable=false",
+        "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=1", *TWO_MODELS,
+        f"multi_agent.delegation.scorer={dense_scorer(main_ppo.root)}",
+        config=MGRPO_CONFIG,
+    )
+
+
+@dataclass
+class DecoupledRun:
+    main: Run
+    sub: Run
+    port: int
+    store_db: Path
+    addresses: dict  # side -> address of its cluster
+    states: dict  # side -> SimulatedCluster.state() after the run
+
+
+@pytest.fixture(scope="session")
+def decoupled_on_two_machines(tmp_path_factory) -> DecoupledRun:
+    """Decoupled M-GRPO on the relay task: the sub side and the main side as two ``main_ppo`` processes sharing only
+    a SQLite store, each joined to its own single-node cluster (``node_main``, ``node_sub``), as one side per
+    machine. B = 4 queries x n = 4 rollouts per step, 2 steps, D_max = 2; the main side validates before training
+    and after step 2 (its calls reach the sub side, which must keep no row of them).
+
+    Not two jobs of one cluster: verl 0.9.1's TransferQueue controller is a named actor in a fixed namespace
+    (``TransferQueueController`` in ``transfer_queue``), so a second verl job on the same cluster silently connects
+    to the first job's queue (``tests/platform/test_ray_join.py`` guards this fact)."""
+    main_ppo = MainPPO(tmp_path_factory.mktemp("decoupled"))
+    port = free_port()
+    db = main_ppo.root / "stats.db"
+    common = (f"multi_agent.decoupled.store=sqlite:///{db}", f"trainer.total_training_steps={DECOUPLED_STEPS}",
+              "trainer.n_gpus_per_node=1", f"multi_agent.d_max={DECOUPLED_D_MAX}")
+
+    def start(side: str, address: str, *overrides: str):
+        return main_ppo.start(side, f"multi_agent.decoupled.role={side}", *common, *overrides,
+                              env={"RAY_ADDRESS": address}, checkpoints=main_ppo.root / side / "ckpt")
+
+    with simulated_cluster("node_main") as main_machine, simulated_cluster("node_sub") as sub_machine:
+        # the sub side is started first (its model is built and cached then), the main side waits for its /health
+        sub = start("sub", sub_machine.address, f"multi_agent.decoupled.serve_port={port}",
+                    "trainer.val_before_train=false", "trainer.test_freq=-1")
+        main = start("main", main_machine.address, f"multi_agent.decoupled.sub_urls.sub=http://127.0.0.1:{port}",
+                     f"trainer.test_freq={DECOUPLED_STEPS}")
+        with reaped(main, sub):
+            main_run = main.result(timeout=1500)
+            sub_run = sub.result(timeout=300)
+        ok = main_run.returncode == 0 and sub_run.returncode == 0
+        states = {"main": main_machine.state(), "sub": sub_machine.state()} if ok else {}
+        addresses = {"main": main_machine.address, "sub": sub_machine.address}
+    return DecoupledRun(main_run, sub_run, port, db, addresses, states)

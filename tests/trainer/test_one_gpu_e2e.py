@@ -6,6 +6,9 @@ both models train 2 steps, and each rollout server receives its own model's weig
 Where the workers sit is read from the trainer's ``mgrpo placement:`` lines, which each worker answers
 from inside (its Ray placement group and GPU ids). The pre-flight memory estimate runs with
 ``multi_agent.gpu_memory_gb=80`` and prints its summary.
+
+A second test checks a frozen sub-agent on the shared GPU, on a run it shares with test_multi_agent_e2e.py
+(conftest.py's ``frozen_sub_on_one_gpu``).
 """
 
 from __future__ import annotations
@@ -15,25 +18,14 @@ import re
 from collections import defaultdict
 
 import pytest
+from e2e import MGRPO_CONFIG, dense_scorer, synced
 
 pytestmark = pytest.mark.slow
-
-DENSE_SCORER = """
-def score(role, text, ground_truth):
-    return sum(c in "aeiouAEIOU" for c in text[:16]) / 16
-"""
 
 PLACEMENT = re.compile(r"mgrpo placement: agent (\S+) rank (\d+) pool (\S+) placement_group (\S+) bundle (\d+) gpus (\S*)")
 
 
-def _synced(log: str, replica: int) -> list[tuple[int, str]]:
-    pattern = rf"HF rollout replica {replica}: .*global_steps=(\S+), fingerprint=(\w+)"
-    return [(int(step), fp) for step, fp in re.findall(pattern, log)]
-
-
 def test_two_agents_train_on_one_gpu(main_ppo, tmp_path):
-    scorer = tmp_path / "dense_scorer.py"
-    scorer.write_text(DENSE_SCORER)
     run = main_ppo(
         "one_gpu",
         "trainer.n_gpus_per_node=1",
@@ -45,8 +37,8 @@ def test_two_agents_train_on_one_gpu(main_ppo, tmp_path):
         "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_small}",
         "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}",
         "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
-        f"multi_agent.delegation.scorer={scorer}:score",
-        config="mgrpo_trainer",
+        f"multi_agent.delegation.scorer={dense_scorer(tmp_path)}",
+        config=MGRPO_CONFIG,
     )
     assert run.returncode == 0, run.log[-6000:]
     assert run.steps() == [1, 2]
@@ -71,38 +63,26 @@ def test_two_agents_train_on_one_gpu(main_ppo, tmp_path):
 
     # each agent's server (replica ranks 0 and 1, both on the one GPU) got its own model's new weights
     for replica in (0, 1):
-        synced = _synced(run.log, replica)
-        assert [step for step, _ in synced] == [0, 1, 2], synced
-        assert len({fp for _, fp in synced}) == 3, synced
-    assert set(_synced(run.log, 0)).isdisjoint(_synced(run.log, 1))
+        syncs = synced(run.log, replica)
+        assert [step for step, _ in syncs] == [0, 1, 2], syncs
+        assert len({fp for _, fp in syncs}) == 3, syncs
+    assert set(synced(run.log, 0)).isdisjoint(synced(run.log, 1))
 
     # the pre-flight estimate ran (tiny models: far below 80 GB)
     assert re.search(r"mgrpo memory estimate: peak [\d.]+ GB of 80 GB per GPU \(the shared GPUs", run.log), run.log[-3000:]
 
 
-def test_frozen_sub_agent_on_one_gpu(main_ppo, tmp_path):
-    """A frozen sub-agent on the shared GPU: its engine keeps the initial weights and keeps answering, its actor is
-    moved off the GPU after the first sync (verl's offload, called by the trainer), the main model trains."""
-    scorer = tmp_path / "dense_scorer.py"
-    scorer.write_text(DENSE_SCORER)
-    run = main_ppo(
-        "one_gpu_frozen",
-        "trainer.n_gpus_per_node=1",
-        "multi_agent.placement=shared",
-        "multi_agent.agents.sub.trainable=false",
-        "trainer.total_training_steps=1",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
-        "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
-        f"multi_agent.delegation.scorer={scorer}:score",
-        config="mgrpo_trainer",
-    )
+def test_frozen_sub_agent_on_one_gpu(frozen_sub_on_one_gpu):
+    """A frozen sub-agent on the shared GPU (conftest.py's ``frozen_sub_on_one_gpu``, also checked by
+    test_multi_agent_e2e.py): its engine keeps the initial weights and keeps answering, its actor is moved off the
+    GPU after the first sync (verl's offload, called by the trainer), the main model trains."""
+    run = frozen_sub_on_one_gpu
     assert run.returncode == 0, run.log[-6000:]
     m = run.at(1)
     assert m["agent/main/update_rows"] > 0 and not any(k.startswith("agent/sub/actor/") for k in m)
     assert m["agent/sub/rows"] > 0  # the frozen model still answers the main agent
-    assert [s for s, _ in _synced(run.log, 1)] == [0]
-    assert [s for s, _ in _synced(run.log, 0)] == [0, 1]
+    assert [s for s, _ in synced(run.log, 1)] == [0]
+    assert [s for s, _ in synced(run.log, 0)] == [0, 1]
     pools = {agent: pool for agent, _, pool, *_ in PLACEMENT.findall(run.log)}
     assert pools == {"main": "agents_shared", "sub": "agents_shared"}
     assert "mgrpo memory estimate skipped: no GPU visible and multi_agent.gpu_memory_gb is null" in run.log
