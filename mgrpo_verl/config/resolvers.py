@@ -14,7 +14,11 @@ resolves the config once before Ray starts (so Ray workers never need them).
 - ``mgrpo_model:<name>``: directory of a built-in model (built once into the cache);
 - ``mgrpo_tokenizer:<name>,<model path>``: the built-in model's tokenizer directory when ``model path`` is
   that model, else ``null`` (verl then uses the model's own);
-- ``mgrpo_config_file:<relative path>``: absolute path of a file shipped in ``mgrpo_verl/config/``.
+- ``mgrpo_config_file:<relative path>``: absolute path of a file shipped in ``mgrpo_verl/config/``;
+- ``mgrpo_warmstart:<task>,<agent>[,<settings>]``: directory of ``agent``'s warm-started checkpoint for a task
+  (``mgrpo_verl/warmstart``: demonstrations + verl's SFT trainer, built once into the cache, minutes on CPU);
+  ``settings`` is a mapping of :class:`mgrpo_verl.warmstart.WarmStartSpec` / ``SFTSettings`` fields, ``null``
+  values meaning the defaults (the ``task=relay_tools`` preset passes ``mgrpo_verl.warmstart``).
 
 Also here, because the config layer owns it and it must be importable without verl's trainer: the table of
 our trainer modes (:data:`TRAINER_MODES`) and the rule that turns ``multi_agent.decoupled.role`` into one
@@ -126,6 +130,21 @@ def _config_file(relative: str) -> str:
     return str(path)
 
 
+def _warmstart(task: str, agent: str, settings=None) -> str:
+    """Directory of ``agent``'s checkpoint in the warm start of ``task`` (built on first use, then cached)."""
+    import sys
+
+    from mgrpo_verl.warmstart.build import spec_from_settings, warm_start
+
+    if agent not in ("main", "sub"):
+        raise ValueError(f"mgrpo_warmstart: agent must be 'main' or 'sub', got {agent!r}")
+    settings = OmegaConf.to_container(settings, resolve=True) if OmegaConf.is_config(settings) else dict(settings or {})
+    out = settings.pop("out", None)
+    spec = spec_from_settings(task, settings)
+    result = warm_start(spec, out, log=lambda msg: print(f"mgrpo_warmstart: {msg}", file=sys.stderr, flush=True))
+    return str(result.main if agent == "main" else result.sub)
+
+
 RESOLVERS = {
     "mgrpo_device": _device,
     "mgrpo_if_cpu": lambda mode, on_cpu, otherwise: on_cpu if uses_cpu(mode) else otherwise,
@@ -134,6 +153,7 @@ RESOLVERS = {
     "mgrpo_model": _model,
     "mgrpo_tokenizer": _tokenizer,
     "mgrpo_config_file": _config_file,
+    "mgrpo_warmstart": _warmstart,
 }
 
 

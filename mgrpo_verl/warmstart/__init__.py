@@ -11,10 +11,14 @@ task is not yet solved (held-out exact accuracy well below 1), leaving the rest 
   dataset per agent (verl's multi-turn SFT layout);
 * :mod:`~mgrpo_verl.warmstart.dataset`: verl's ``MultiTurnSFTDataset`` with the tools column as JSON;
 * :mod:`~mgrpo_verl.warmstart.sft`: verl's SFT trainer (``verl/trainer/sft_trainer.py``) per agent, on CPU
-  through our platform; Hugging Face checkpoints;
+  through our platform; Hugging Face checkpoints; the main agent first, then (by default) the sub-agent from
+  the main agent's checkpoint;
 * :mod:`~mgrpo_verl.warmstart.evaluate`: held-out exact accuracy and tool-call parse rate through the
   rollout's own loop with Hugging Face generation;
 * :mod:`~mgrpo_verl.warmstart.build`: all of it, cached by its inputs.
+
+``python -m mgrpo_verl.main_ppo task=relay_tools`` starts RL from it: the ``mgrpo_warmstart`` resolver
+(:mod:`mgrpo_verl.config.resolvers`) builds or finds the warm start when the config resolves.
 """
 
 from mgrpo_verl.warmstart.build import WarmStart, WarmStartSpec, cached, warm_start

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from mgrpo_verl.warmstart.build import WarmStartSpec, default_root, warm_start
+from mgrpo_verl.warmstart.build import FROM_MAIN, WarmStartSpec, default_root, warm_start
 from mgrpo_verl.warmstart.demos import TASKS
 from mgrpo_verl.warmstart.sft import SFTSettings
 
@@ -18,11 +18,14 @@ def parse_args(argv=None) -> tuple[WarmStartSpec, argparse.Namespace]:
     p.add_argument("--task", default=defaults.task, choices=sorted(TASKS))
     p.add_argument("--out", default=None, help=f"root of the cached results (default {default_root()})")
     p.add_argument("--main-model", default=defaults.main_model, help="built-in model name or model directory")
-    p.add_argument("--sub-model", default=defaults.sub_model, help="built-in model name or model directory")
+    p.add_argument("--sub-model", default=defaults.sub_model,
+                   help=f"built-in model name, model directory, or {FROM_MAIN!r}: the main agent's fine-tuned checkpoint")
     p.add_argument("--n-train", type=int, default=defaults.n_train, help="demonstrations per agent")
     p.add_argument("--n-val", type=int, default=defaults.n_val, help="SFT validation demonstrations per agent")
     p.add_argument("--data-seed", type=int, default=defaults.data_seed)
-    p.add_argument("--steps", type=int, default=sft_defaults.steps, help="SFT steps per agent")
+    p.add_argument("--steps", type=int, default=sft_defaults.steps,
+                   help="SFT steps of the main agent (0: none, its base model as it is; the sub-agent's too with --sub-steps 0)")
+    p.add_argument("--sub-steps", type=int, default=defaults.sub_steps, help="SFT steps of the sub-agent (0: --steps)")
     p.add_argument("--batch-size", type=int, default=sft_defaults.batch_size)
     p.add_argument("--lr", type=float, default=sft_defaults.lr)
     p.add_argument("--seed", type=int, default=sft_defaults.seed, help="SFT seed")
@@ -36,6 +39,7 @@ def parse_args(argv=None) -> tuple[WarmStartSpec, argparse.Namespace]:
         task=args.task,
         main_model=args.main_model,
         sub_model=args.sub_model,
+        sub_steps=args.sub_steps or None,
         n_train=args.n_train,
         n_val=args.n_val,
         data_seed=args.data_seed,

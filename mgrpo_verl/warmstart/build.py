@@ -28,17 +28,15 @@ from typing import Any, Optional
 from mgrpo_verl.warmstart import demos, sft
 
 #: Bump when the demonstrations, the SFT recipe or the evaluation change: part of every cache key.
-VERSION = "1"
+VERSION = "2"
 
-#: The RL settings the demonstrations fit (prompt and response lengths in tokens of the tiny tokenizer:
-#: prompts with the tool block are about 360 (main) and 345 (sub) tokens, a tool call 35-40 (main), 22 (sub)).
-RL_OVERRIDES = (
-    "data.max_prompt_length=512",
-    "data.max_response_length=128",
-    "multi_agent.delegation.sub_response_tokens=48",
-    "multi_agent.agents.sub.actor_rollout_ref.rollout.multi_turn.tool_config_path="
-    "${mgrpo_config_file:tools/relay_sub_tools.yaml}",
-)
+#: ``sub_model`` value: the sub-agent's SFT starts from the main agent's fine-tuned checkpoint (trained first).
+FROM_MAIN = "main"
+
+#: ``python -m mgrpo_verl.main_ppo`` preset of the tasks with a warm start (mgrpo_verl/config/task/<task>.yaml:
+#: the lengths the demonstrations need, the sub-agent's tools, the RL learning rate); the model paths given
+#: with it replace the preset's ``mgrpo_warmstart`` resolver.
+PRESETS = {"relay_tools": "task=relay_tools"}
 
 
 @dataclass(frozen=True)
@@ -46,9 +44,16 @@ class WarmStartSpec:
     """Every input of a warm start (the cache key hashes all of it)."""
 
     task: str = "relay_tools"
-    #: base models per agent: a built-in model name (mgrpo_verl.envs.builtin.MODELS) or a model directory
+    #: base models per agent: a built-in model name (mgrpo_verl.envs.builtin.MODELS) or a model directory;
+    #: for the sub-agent also :data:`FROM_MAIN`: the main agent's fine-tuned checkpoint. That is the default
+    #: because copying a digit out of a tool response is learnt by these tiny models only in a sudden
+    #: transition after hundreds of steps (docs/warmstart.md): the main agent goes through it (its report
+    #: copy), the sub-agent started from random weights did not within 1000 steps, and started from the
+    #: main agent's checkpoint it copies its own tool's answer after tens of steps.
     main_model: str = "tiny"
-    sub_model: str = "tiny_sub"
+    sub_model: str = FROM_MAIN
+    #: SFT steps of the sub-agent (``None``: ``sft.steps``, as the main agent)
+    sub_steps: Optional[int] = 25
     n_train: int = 256
     n_val: int = 32
     data_seed: int = 0
@@ -78,6 +83,26 @@ class WarmStart:
         return " \\\n    ".join(["python -m mgrpo_verl.main_ppo", *map(shlex.quote, self.main_ppo_overrides())])
 
 
+def spec_from_settings(task: str, settings: dict[str, Any]) -> WarmStartSpec:
+    """The :class:`WarmStartSpec` of ``task`` with ``settings`` (flat: fields of the spec and of its
+    :class:`~mgrpo_verl.warmstart.sft.SFTSettings`); ``None`` values keep the defaults. The
+    ``mgrpo_warmstart`` resolver (``mgrpo_verl.warmstart`` of the ``task=relay_tools`` preset) passes them.
+
+    Raises:
+        ValueError: a key that is neither a spec nor an SFT setting.
+    """
+    from dataclasses import fields, replace
+
+    spec_keys = {f.name for f in fields(WarmStartSpec)} - {"task", "sft"}
+    sft_keys = {f.name for f in fields(sft.SFTSettings)}
+    unknown = sorted(set(settings) - spec_keys - sft_keys)
+    if unknown:
+        raise ValueError(f"unknown warm-start settings {unknown}; known: {sorted(spec_keys | sft_keys)}")
+    given = {k: v for k, v in settings.items() if v is not None}
+    sft_settings = replace(sft.SFTSettings(), **{k: v for k, v in given.items() if k in sft_keys})
+    return replace(WarmStartSpec(task=task), sft=sft_settings, **{k: v for k, v in given.items() if k in spec_keys})
+
+
 def _base_model(name_or_path: str) -> tuple[str, str]:
     """(model dir, tokenizer dir) of a built-in model name or a model directory (its own tokenizer)."""
     from mgrpo_verl.envs.builtin import MODELS, model_paths
@@ -97,16 +122,37 @@ def default_root() -> Path:
     return cache_root() / "warmstart"
 
 
+def _bases(spec: WarmStartSpec) -> dict[str, tuple[str, str]]:
+    """(model dir, tokenizer dir) per agent; the sub-agent's is the main agent's base when it starts from the
+    main agent's checkpoint (that checkpoint exists only once built: :func:`_build` resolves it)."""
+    main = _base_model(spec.main_model)
+    return {"main": main, "sub": main if spec.sub_model == FROM_MAIN else _base_model(spec.sub_model)}
+
+
+def agent_settings(spec: WarmStartSpec, agent: str) -> sft.SFTSettings:
+    """The SFT settings of ``agent``: ``spec.sft``, with ``spec.sub_steps`` for the sub-agent when set."""
+    from dataclasses import replace
+
+    if agent == "sub" and spec.sub_steps is not None:
+        return replace(spec.sft, steps=spec.sub_steps)
+    return spec.sft
+
+
 def cache_key(spec: WarmStartSpec, bases: dict[str, tuple[str, str]]) -> str:
     from mgrpo_verl.models.tiny import _key
 
-    payload = {"v": VERSION, "spec": asdict(spec), "bases": {a: [Path(p).name for p in bases[a]] for a in bases}}
+    from mgrpo_verl.models.tiny import cache_root
+
+    def ident(path: str) -> str:  # built-in models' folders are named by a hash of their recipe; others by path
+        return Path(path).name if Path(path).is_relative_to(cache_root()) else str(Path(path).resolve())
+
+    payload = {"v": VERSION, "spec": asdict(spec), "bases": {a: [ident(p) for p in bases[a]] for a in bases}}
     return _key(payload)
 
 
 def cached(spec: WarmStartSpec, root: Optional[str | Path] = None) -> Optional[WarmStart]:
     """The published warm start of ``spec`` under ``root``, or ``None`` when there is none yet."""
-    bases = {"main": _base_model(spec.main_model), "sub": _base_model(spec.sub_model)}
+    bases = _bases(spec)
     target = Path(root or default_root()) / f"{spec.task}-{cache_key(spec, bases)}"
     return _published(target)
 
@@ -124,7 +170,7 @@ def warm_start(spec: WarmStartSpec = WarmStartSpec(), root: Optional[str | Path]
 
     if spec.task not in demos.TASKS:  # before anything is built
         raise ValueError(f"no demonstrations for task {spec.task!r}; tasks with demonstrations: {sorted(demos.TASKS)}")
-    bases = {"main": _base_model(spec.main_model), "sub": _base_model(spec.sub_model)}
+    bases = _bases(spec)
     root = Path(root or default_root())
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"{spec.task}-{cache_key(spec, bases)}"
@@ -145,22 +191,36 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
     data = demos.write_sft_datasets(tmp / "data", spec.task, spec.n_train, spec.n_val, spec.data_seed)
     (tmp / "logs").mkdir()
     agents: dict[str, Any] = {}
-    for agent in demos.AGENTS:
+    for agent in demos.AGENTS:  # main first: the sub-agent may start from its checkpoint
         model_dir, tokenizer_dir = bases[agent]
+        base_label = model_dir
+        if agent == "sub" and spec.sub_model == FROM_MAIN:
+            model_dir, tokenizer_dir, base_label = str(tmp / "main"), str(tmp / "main"), str(target / "main")
+        settings = agent_settings(spec, agent)
         run_dir = tmp / "sft" / agent
-        log(f"warm start: verl SFT of {agent} ({spec.sft.steps} steps, batch {spec.sft.batch_size}, lr {spec.sft.lr}) ...")
-        checkpoint, seconds = sft.train(
-            model_dir, tokenizer_dir, data[agent]["train"], data[agent]["val"], run_dir, spec.sft,
-            tmp / "logs" / f"sft_{agent}.log", spec.device,
-        )  # fmt: skip
-        sft.publish(checkpoint, tmp / agent, model_dir)
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        (tmp / "logs" / f"sft_{agent}_metrics.jsonl").write_text((run_dir / "metrics.jsonl").read_text())
+        if settings.steps > 0:
+            log(f"warm start: verl SFT of {agent} from {base_label} ({settings.steps} steps, batch {settings.batch_size}, "
+                f"lr {settings.lr}) ...")  # fmt: skip
+        else:
+            log(f"warm start: {agent} is {base_label} as it is (0 SFT steps)")
+        if settings.steps > 0:
+            checkpoint, seconds = sft.train(
+                model_dir, tokenizer_dir, data[agent]["train"], data[agent]["val"], run_dir, settings,
+                tmp / "logs" / f"sft_{agent}.log", spec.device,
+            )  # fmt: skip
+            sft.publish(checkpoint, tmp / agent, model_dir)
+            metrics_text = (run_dir / "metrics.jsonl").read_text()
+        else:  # no fine-tuning: the base model as it is (e.g. an earlier warm start's main agent)
+            seconds, metrics_text = 0.0, ""
+            sft.publish_base(model_dir, tokenizer_dir, tmp / agent)
+        metrics = [json.loads(line) for line in metrics_text.splitlines() if line.strip()]
+        (tmp / "logs" / f"sft_{agent}_metrics.jsonl").write_text(metrics_text)
         losses = [m["data"]["train/loss"] for m in metrics if "train/loss" in m.get("data", {})]
         val = [m["data"]["val/loss"] for m in metrics if "val/loss" in m.get("data", {})]
         agents[agent] = {
-            "base_model": model_dir,
-            "tokenizer": tokenizer_dir,
+            "base_model": base_label,
+            "tokenizer": tokenizer_dir if tokenizer_dir != model_dir else base_label,
+            "sft_steps": settings.steps,
             "checkpoint": str(target / agent),
             "sft_seconds": round(seconds, 1),
             "first_loss": losses[0] if losses else None,
@@ -172,7 +232,7 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
     if not spec.sft.save_every:
         import shutil
 
-        shutil.rmtree(tmp / "sft")  # the published copies are all that is needed
+        shutil.rmtree(tmp / "sft", ignore_errors=True)  # the published copies are all that is needed
     evaluation = []
     if spec.n_eval > 0:
         from mgrpo_verl.warmstart.evaluate import evaluate
@@ -192,10 +252,9 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
         "evaluation": evaluation,
         "seconds": round(time.monotonic() - start, 1),
         "main_ppo_overrides": [
-            f"mgrpo_verl.task={spec.task}",
+            PRESETS[spec.task],
             f"actor_rollout_ref.model.path={target / 'main'}",
             f"multi_agent.agents.sub.actor_rollout_ref.model.path={target / 'sub'}",
-            *RL_OVERRIDES,
         ],
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

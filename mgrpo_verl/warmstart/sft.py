@@ -156,6 +156,24 @@ def publish(checkpoint: Path, target: Path, base_model_dir: str | Path) -> Path:
     return target
 
 
+#: Tokenizer files a Hugging Face model folder may carry (copied by :func:`publish_base`).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "added_tokens.json")  # fmt: skip
+
+
+def publish_base(model_dir: str | Path, tokenizer_dir: str | Path, target: Path) -> Path:
+    """Publish a model without fine-tuning it (``steps=0``): its folder, plus its tokenizer's files when the
+    tokenizer lives elsewhere (the built-in models), so ``target`` loads on its own like a checkpoint."""
+    shutil.copytree(model_dir, target)
+    if Path(tokenizer_dir).resolve() != Path(model_dir).resolve():
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer_dir) / name).is_file():
+                shutil.copy2(Path(tokenizer_dir) / name, target / name)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target
+
+
 def main() -> None:
     from mgrpo_verl.plugin import ensure_registered
 

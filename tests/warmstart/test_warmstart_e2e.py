@@ -16,7 +16,7 @@ from mgrpo_verl.warmstart import build, demos, sft
 from mgrpo_verl.warmstart.__main__ import main as cli_main
 from mgrpo_verl.warmstart.__main__ import parse_args
 
-ARGS = ["--n-train", "8", "--n-val", "4", "--steps", "2", "--batch-size", "4", "--n-eval", "2"]
+ARGS = ["--n-train", "8", "--n-val", "4", "--steps", "2", "--sub-steps", "2", "--batch-size", "4", "--n-eval", "2"]
 
 
 def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, capsys, monkeypatch):
@@ -31,11 +31,13 @@ def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, cap
         [published] = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("relay_tools-")]
         manifest = json.loads((published / "manifest.json").read_text())
 
-        # one SFT run per agent, from its own base model, its loss recorded by verl's file logger
-        base = {"main": build._base_model("tiny")[0], "sub": build._base_model("tiny_sub")[0]}
+        # one SFT run per agent, its loss recorded by verl's file logger: the main agent from the tiny model,
+        # the sub-agent (by default) from the main agent's fine-tuned checkpoint
+        base = {"main": build._base_model("tiny")[0], "sub": str(published / "main")}
         for agent in demos.AGENTS:
             info = manifest["agents"][agent]
             assert info["base_model"] == base[agent] and info["checkpoint"] == str(published / agent)
+            assert info["sft_steps"] == 2
             assert info["first_loss"] > 0 and info["final_loss"] > 0 and info["val_loss"] > 0
             assert (published / "logs" / f"sft_{agent}.log").is_file()
             ckpt = published / agent

@@ -1,0 +1,119 @@
+"""``task=relay_tools`` (mgrpo_verl/config/task/relay_tools.yaml): delegation by tool call from the cached warm
+start, through the ``mgrpo_warmstart`` resolver; ``task=relay`` (the default until the e2e tests name it) is the
+forced relay with the random tiny models. Composition and the resolver's arguments only: nothing is built
+here (the build is test_warmstart_e2e.py's, the RL run test_tool_run_e2e.py's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from mgrpo_verl.config.resolvers import register_resolvers
+from mgrpo_verl.warmstart import build, sft
+
+register_resolvers()
+
+
+def _compose(*overrides: str):
+    with initialize_config_module("mgrpo_verl.config", version_base=None):
+        return compose("mgrpo_trainer", overrides=list(overrides))
+
+
+SUB = "multi_agent.agents.sub.actor_rollout_ref"
+
+
+def test_relay_tools_preset_sets_the_tool_task_and_the_warm_started_models():
+    cfg = _compose("task=relay_tools")
+    assert cfg.mgrpo_verl.task == "relay_tools"
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_delegate"
+    # both agents' models come from the warm start (unresolved here: resolving builds it)
+    main_path = OmegaConf.to_container(cfg.actor_rollout_ref.model, resolve=False)["path"]
+    sub_model = OmegaConf.to_container(OmegaConf.select(cfg, f"{SUB}.model"), resolve=False)
+    assert main_path == "${mgrpo_warmstart:relay_tools,main,${mgrpo_verl.warmstart}}"
+    assert sub_model == {"path": "${mgrpo_warmstart:relay_tools,sub,${mgrpo_verl.warmstart}}", "tokenizer_path": None}
+    # the lengths the demonstrations need, the ones the warm start's evaluation runs the loop with
+    from mgrpo_verl.warmstart import evaluate
+
+    assert cfg.data.max_prompt_length == evaluate.PROMPT_LENGTH
+    assert cfg.data.max_response_length == evaluate.RESPONSE_LENGTH
+    assert cfg.multi_agent.delegation.sub_response_tokens == evaluate.SUB_RESPONSE_TOKENS
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-3  # not the random models' 1e-2
+    tools = OmegaConf.select(cfg, f"{SUB}.rollout.multi_turn.tool_config_path")
+    assert Path(tools).name == "relay_sub_tools.yaml" and Path(tools).is_file()
+    # the default warm start: every setting null (the CLI's defaults)
+    assert set(OmegaConf.to_container(cfg.mgrpo_verl.warmstart).values()) == {None}
+
+
+def test_relay_stays_available_by_name_and_is_the_default_for_now():
+    default, named = _compose(), _compose("task=relay")
+    assert OmegaConf.to_yaml(default) == OmegaConf.to_yaml(named)
+    assert named.mgrpo_verl.task == "relay" and named.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_relay"
+    assert "warmstart" not in named.mgrpo_verl
+    assert "mgrpo_warmstart" not in OmegaConf.to_yaml(named)
+
+
+def test_the_resolver_builds_the_spec_of_the_config(monkeypatch, tmp_path):
+    """``${mgrpo_warmstart:relay_tools,<agent>,${mgrpo_verl.warmstart}}`` calls warm_start with the spec of the
+    config's settings (null: default) and the root ``out``, and answers that agent's checkpoint directory."""
+    calls = []
+
+    def fake_warm_start(spec, root=None, log=print):
+        calls.append((spec, root))
+        return build.WarmStart(tmp_path, tmp_path / "main", tmp_path / "sub", {})
+
+    monkeypatch.setattr(build, "warm_start", fake_warm_start)
+    cfg = _compose("task=relay_tools", "mgrpo_verl.warmstart.steps=40", "mgrpo_verl.warmstart.n_train=16",
+                   f"mgrpo_verl.warmstart.out={tmp_path}", "mgrpo_verl.warmstart.sub_model=tiny")  # fmt: skip
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "main")
+    assert OmegaConf.select(cfg, f"{SUB}.model.path") == str(tmp_path / "sub")
+    spec, root = calls[0]
+    assert root == str(tmp_path)
+    assert spec == build.WarmStartSpec(task="relay_tools", n_train=16, sub_model="tiny", sft=sft.SFTSettings(steps=40))
+
+
+def test_a_warm_starts_overrides_are_the_preset_and_its_checkpoints(tmp_path, cache_dir):
+    """``python -m mgrpo_verl.warmstart --overrides``: ``task=relay_tools`` with the model paths of that warm
+    start, which replace the preset's resolver (nothing is built when the config resolves)."""
+    ws = build.WarmStart(tmp_path, tmp_path / "main", tmp_path / "sub", {"main_ppo_overrides": [
+        build.PRESETS["relay_tools"], f"actor_rollout_ref.model.path={tmp_path / 'main'}",
+        f"multi_agent.agents.sub.actor_rollout_ref.model.path={tmp_path / 'sub'}"]})  # fmt: skip
+    from mgrpo_verl.platform.ray_session import patched_environ
+
+    cfg = _compose(*ws.main_ppo_overrides())
+    with patched_environ({"MGRPO_VERL_CACHE": str(cache_dir)}):  # the task's data and the tiny tokenizer
+        OmegaConf.resolve(cfg)  # would build a warm start (minutes) if a path were still the resolver
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "main")
+    assert OmegaConf.select(cfg, f"{SUB}.model.path") == str(tmp_path / "sub")
+    assert cfg.mgrpo_verl.task == "relay_tools" and cfg.data.max_prompt_length == 512
+
+
+def test_spec_from_settings_keeps_defaults_and_refuses_unknown_keys():
+    assert build.spec_from_settings("relay_tools", {"steps": None, "lr": None}) == build.WarmStartSpec()
+    assert build.spec_from_settings("relay_tools", {"lr": 1e-3, "n_eval": 0}).sft.lr == 1e-3
+    with pytest.raises(ValueError, match="unknown warm-start settings \\['stpes'\\]"):
+        build.spec_from_settings("relay_tools", {"stpes": 3})
+
+
+def test_the_resolver_refuses_an_unknown_agent():
+    with pytest.raises(Exception, match="agent must be 'main' or 'sub'"):
+        _ = OmegaConf.create({"p": "${mgrpo_warmstart:relay_tools,planner}"}).p
+
+
+def test_the_sub_agent_starts_from_the_main_agents_checkpoint_by_default(cache_dir):
+    from mgrpo_verl.platform.ray_session import patched_environ
+
+    spec = build.WarmStartSpec()
+    assert spec.sub_model == build.FROM_MAIN
+    assert build.agent_settings(spec, "main") == spec.sft
+    assert build.agent_settings(spec, "sub") == sft.SFTSettings(steps=spec.sub_steps)
+    same = build.WarmStartSpec(sub_steps=None)
+    assert build.agent_settings(same, "sub") == build.agent_settings(same, "main")
+    with patched_environ({"MGRPO_VERL_CACHE": str(cache_dir)}):  # the tiny models are built there
+        # until the main checkpoint exists, the key hashes the main agent's base for both
+        assert build._bases(spec)["sub"] == build._bases(spec)["main"] == build._base_model("tiny")
+        other = build.WarmStartSpec(sub_model="tiny_sub")
+        assert build._bases(other)["sub"] == build._base_model("tiny_sub")
+        assert build.cache_key(other, build._bases(other)) != build.cache_key(spec, build._bases(spec))
