@@ -121,3 +121,26 @@ def test_two_adapters_on_one_base_train_checkpoint_resume_export(main_ppo, tmp_p
     assert not torch.equal(weights["main"], dict(base.named_parameters())[q])
     o = "model.layers.0.self_attn.o_proj.weight"  # not a target of sub's adapter: sub's merged model keeps the base's
     assert torch.equal(dict(merged["sub"].named_parameters())[o], dict(base.named_parameters())[o])
+
+
+def test_full_main_with_a_lora_sub_agent(main_ppo, tmp_path):
+    """A mixed set-up: the main agent a full model, the sub-agent an adapter on its own base (the default
+    sub model): two engines, the main one synced with full weights, the sub one with the adapter only."""
+    scorer = tmp_path / "dense_scorer.py"
+    scorer.write_text(DENSE_SCORER)
+    run = main_ppo("mixed", "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.val_before_train=false",
+                   "trainer.test_freq=-1", "+multi_agent.agents.sub.actor_rollout_ref.model.lora_rank=4",
+                   "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
+                   f"multi_agent.delegation.scorer={scorer}:score")
+    assert run.returncode == 0, run.log[-6000:]
+    assert run.steps() == [1]
+    assert len(re.findall(r"hf_server_\d+_\d+ ready: model=", run.log)) == 2
+    syncs = _syncs(run.log)
+    assert {(r, a, n) for r, a, n, *_ in syncs} == {(1, "sub", 28)}  # sub's adapter, to its own replica 1 only
+    assert len({b for *_, b, _ in syncs}) == 1
+    full = re.findall(r"HF rollout replica 0: (\d+) tensors .*fingerprint=(\w+)", run.log)  # the main model: full weights
+    assert len(full) == 2 and len({fp for _, fp in full}) == 2  # start and after step 1: the weights changed
+    m = run.at(1)
+    for agent in ("main", "sub"):
+        assert m[f"agent/{agent}/actor/grad_norm"] > 0
+        assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-3
