@@ -15,7 +15,8 @@ term                   bytes per GPU
 actor params           P x bytes(``actor.fsdp_config.model_dtype``, verl's default fp32) / W
 gradients              same as the actor params (trainable agents, during their update only)
 optimizer (AdamW)      P x 8 / W: two fp32 moments (trainable agents; none for a frozen one, which never
-                       steps)
+                       steps). A LoRA agent (``model.lora_rank`` r > 0): gradients and moments of its adapter
+                       only, r x (in + out) fp32 parameters per targeted linear layer (:func:`count_lora_parameters`)
 reference model        P x bytes(``ref.fsdp_config.model_dtype``) / W, when the agent uses a reference
                        (KL loss)
 rollout engine         vLLM / SGLang: ``rollout.gpu_memory_utilization`` x GPU memory (the engine's whole
@@ -102,6 +103,25 @@ class MemoryLayoutError(ValueError):
 
 # ----------------------------------------------------------------------------------------------------
 # model size
+
+
+#: the linear layers of a Llama / Qwen-style decoder layer: name -> (in, out) as functions of (h, q, k, inter)
+_LINEAR = {"q_proj": lambda h, q, k, i: (h, q), "k_proj": lambda h, q, k, i: (h, k), "v_proj": lambda h, q, k, i: (h, k),
+           "o_proj": lambda h, q, k, i: (q, h), "gate_proj": lambda h, q, k, i: (h, i), "up_proj": lambda h, q, k, i: (h, i),
+           "down_proj": lambda h, q, k, i: (i, h)}
+
+
+def count_lora_parameters(hf: Mapping[str, Any], rank: int, target_modules: Any) -> int:
+    """Parameters of a LoRA adapter of rank ``rank`` (A: r x in, B: out x r per targeted linear layer of every
+    decoder layer). ``target_modules`` as verl / peft take it: ``all-linear`` (every layer of :data:`_LINEAR`; the
+    output head is never a target) or names; names that are not decoder linear layers count nothing."""
+    h, layers, inter = (int(hf[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size"))
+    heads = int(hf.get("num_attention_heads") or 1)
+    d = int(hf.get("head_dim") or h // heads)
+    q, k = heads * d, int(hf.get("num_key_value_heads") or heads) * d
+    names = list(_LINEAR) if target_modules in (None, "all-linear") else (
+        [target_modules] if isinstance(target_modules, str) else list(target_modules))
+    return layers * sum(rank * sum(_LINEAR[n](h, q, k, inter)) for n in names if n in _LINEAR)
 
 
 def count_parameters(hf: Mapping[str, Any]) -> int:
@@ -270,6 +290,12 @@ def agent_figures(
         act = (CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN_LAYER * layers + ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER) * up_tokens * hidden / GB
     else:
         act = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER * layers * up_tokens * hidden / GB
+    trained = params  # what gradients and optimizer moments are kept for
+    lora_rank = int(_get(config, f"{arr}.model.lora_rank", 0) or 0)
+    if lora_rank > 0:
+        targets = _get(config, f"{arr}.model.target_modules", "all-linear")
+        trained = count_lora_parameters(hf, lora_rank, OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets)
+        notes.append(f"LoRA rank {lora_rank}: gradients and AdamW states of {trained:,} adapter parameters only")
     if trainable:
         notes.append(
             f"update logits {logits(up_tokens, up_copies):.2f} GB = {up_how} x vocab {vocab} x {logit_bytes} B x {up_copies} "
@@ -282,8 +308,8 @@ def agent_figures(
         trainable=trainable,
         params=params,
         actor=actor,
-        grads=actor if trainable else 0.0,
-        optimizer=params * ADAMW_BYTES_PER_PARAM / world / GB if trainable else 0.0,
+        grads=(actor if trained == params else trained * 4 / world / GB) if trainable else 0.0,
+        optimizer=trained * ADAMW_BYTES_PER_PARAM / world / GB if trainable else 0.0,
         reference=ref,
         engine=engine,
         logprob_logits=logits(lp_tokens, lp_copies) if trainable else 0.0,

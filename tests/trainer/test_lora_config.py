@@ -5,6 +5,7 @@ all before Ray starts. On verl's generated trainer config."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,32 @@ def test_decoupled_lora_is_refused():
     config.trainer.v1.trainer_mode = "mgrpo_decoupled_main"
     with pytest.raises(ValueError, match="synchronous mode only"):
         parse_multi_agent(config)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"], ["o_proj", "down_proj"]])
+def test_memory_estimate_counts_the_adapter_as_peft_builds_it(tmp_path, targets):
+    """The pre-flight's LoRA terms: adapter parameters equal peft's trainable parameters on the real model,
+    and a LoRA agent's gradients and AdamW states are those of its adapter, not of its base."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from mgrpo_verl.models.tiny import build_tiny_model
+    from mgrpo_verl.platform.ray_session import patched_environ
+    from mgrpo_verl.trainer.memory import agent_figures, count_lora_parameters
+
+    with patched_environ({"MGRPO_VERL_CACHE": str(tmp_path)}):
+        model_dir = build_tiny_model(seed=0, config_overrides={"num_attention_heads": 4, "num_key_value_heads": 2}).model_dir
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=targets))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert count_lora_parameters(hf, 4, targets) == trainable
+
+    config = OmegaConf.create({"trainer": {"n_gpus_per_node": 1}, "actor_rollout_ref": {
+        "model": {"lora_rank": 4, "target_modules": targets}, "rollout": {"name": "hf"}}})
+    lora = agent_figures("sub", config, hf, 80.0, trainable=True, use_reference=False)
+    config.actor_rollout_ref.model.lora_rank = 0
+    full = agent_figures("sub", config, hf, 80.0, trainable=True, use_reference=False)
+    assert lora.optimizer * 1e9 == pytest.approx(trainable * 8) and full.optimizer * 1e9 == pytest.approx(full.params * 8)
+    assert lora.grads * 1e9 == pytest.approx(trainable * 4) and lora.actor == full.actor
