@@ -174,6 +174,8 @@ class AgentRuntime:
         checkpoint: its ``CheckpointEngineManager`` (actor → its own servers).
         tokenizer: its tokenizer.
         use_reference_policy: whether a reference model is computed for it (KL loss).
+        ref_in_actor: the reference is the actor with its LoRA adapter off (a LoRA agent, as in verl), not a
+            model of its own.
     """
 
     name: str
@@ -185,3 +187,4 @@ class AgentRuntime:
     checkpoint: Any = None
     tokenizer: Any = None
     use_reference_policy: bool = False
+    ref_in_actor: bool = False

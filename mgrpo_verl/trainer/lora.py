@@ -122,12 +122,6 @@ def check_lora(config: DictConfig, ma: MultiAgentConfig) -> None:
         if strategy not in LORA_STRATEGIES:
             raise ValueError(f"{what} but actor_rollout_ref.actor.strategy is {strategy!r}: verl's LoRA (peft) needs "
                              f"one of {list(LORA_STRATEGIES)}")
-        if _get(full, "actor_rollout_ref.actor.use_kl_loss") is True:
-            raise ValueError(
-                f"{what} and actor_rollout_ref.actor.use_kl_loss is true: the reference of a LoRA agent is its base "
-                f"with the adapter off (verl's ref_in_actor), which the per-agent trainer does not wire yet; set "
-                f"use_kl_loss=false for LoRA agents"
-            )
         if ma.decoupled.role is not None:
             raise ValueError(f"{what} but multi_agent.decoupled.role is {ma.decoupled.role!r}: LoRA agents are "
                              f"supported in the synchronous mode only (decoupled.role: null)")

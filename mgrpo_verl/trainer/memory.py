@@ -16,7 +16,8 @@ actor params           P x bytes(``actor.fsdp_config.model_dtype``, verl's defau
 gradients              same as the actor params (trainable agents, during their update only)
 optimizer (AdamW)      P x 8 / W: two fp32 moments (trainable agents; none for a frozen one, which never
                        steps). A LoRA agent (``model.lora_rank`` r > 0): gradients and moments of its adapter
-                       only, r x (in + out) fp32 parameters per targeted linear layer (:func:`count_lora_parameters`)
+                       only, r x (in + out) fp32 parameters per targeted linear layer (:func:`count_lora_parameters`),
+                       and no reference copy (its reference is its actor with the adapter off, as in verl)
 reference model        P x bytes(``ref.fsdp_config.model_dtype``) / W, when the agent uses a reference
                        (KL loss)
 rollout engine         vLLM / SGLang: ``rollout.gpu_memory_utilization`` x GPU memory (the engine's whole
@@ -295,7 +296,9 @@ def agent_figures(
     if lora_rank > 0:
         targets = _get(config, f"{arr}.model.target_modules", "all-linear")
         trained = count_lora_parameters(hf, lora_rank, OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets)
-        notes.append(f"LoRA rank {lora_rank}: gradients and AdamW states of {trained:,} adapter parameters only")
+        notes.append(f"LoRA rank {lora_rank}: gradients and AdamW states of {trained:,} adapter parameters only; "
+                     f"the reference is the actor with its adapter off (no copy)")
+        ref = 0.0
     if trainable:
         notes.append(
             f"update logits {logits(up_tokens, up_copies):.2f} GB = {up_how} x vocab {vocab} x {logit_bytes} B x {up_copies} "

@@ -163,12 +163,13 @@ class MultiAgentTrainer(PPOTrainer):
                 plays=tuple(n for n in ma.agents if ma.owner_of(n) == spec.name),
                 tokenizer=omega_conf_to_dataclass(cfg.actor_rollout_ref.model, dataclass_type=HFModelConfig).tokenizer,
                 use_reference_policy=spec.trainable and need_reference_policy(cfg),
+                ref_in_actor=lora_settings(cfg.actor_rollout_ref.model) is not None,  # verl's rule for LoRA
             )
         return runtimes
 
     @staticmethod
     def _role(rt: AgentRuntime) -> Role:
-        return Role.ActorRolloutRef if rt.use_reference_policy else Role.ActorRollout
+        return Role.ActorRolloutRef if rt.use_reference_policy and not rt.ref_in_actor else Role.ActorRollout
 
     def _init_resource_pool_mgr(self):
         """``multi_agent.placement``: ``separate``, a pool ``agent_<name>`` per model owner (its share of the GPUs);
@@ -520,9 +521,9 @@ def _row_metrics(table: RowTable, advantage: np.ndarray, tags: list[dict], align
 #: verl's step methods that :meth:`MultiAgentTrainer._update_agent` calls on an :class:`AgentView`.
 AGENT_STEP_METHODS = ("_balance_batch", "_compute_old_log_prob", "_compute_ref_log_prob", "_update_actor")
 #: Attributes those methods read (directly or through the methods below) that differ per model.
-AGENT_VIEW_ROUTED = ("config", "actor_rollout_wg", "ref_policy_wg", "tokenizer", "use_reference_policy")
+AGENT_VIEW_ROUTED = ("config", "actor_rollout_wg", "ref_policy_wg", "tokenizer", "use_reference_policy", "ref_in_actor")
 #: Attributes they read that are the same for every model: taken from the trainer.
-AGENT_VIEW_SHARED = ("use_critic", "global_steps", "ref_in_actor", "distillation_config")
+AGENT_VIEW_SHARED = ("use_critic", "global_steps", "distillation_config")
 #: Trainer methods they call on ``self``: bound to the view, so that they too see the model's attributes.
 AGENT_VIEW_METHODS = ("_get_required_batch_multiple",)
 
@@ -532,7 +533,7 @@ class AgentView:
 
     Differs from verl, where those methods act on the trainer's single policy: the attributes in
     :data:`AGENT_VIEW_ROUTED` are the model's (``rt.config``, ``rt.worker_group`` as actor and reference
-    group, ``rt.tokenizer``, ``rt.use_reference_policy``); any other attribute is the trainer's
+    group, ``rt.tokenizer``, ``rt.use_reference_policy``, ``rt.ref_in_actor``); any other attribute is the trainer's
     (verl's methods read :data:`AGENT_VIEW_SHARED`), and the trainer's methods are bound to the view
     (:data:`AGENT_VIEW_METHODS`). A view replaces swapping those attributes on the trainer itself, which
     two models updating in threads at once could not share. Writing any attribute raises: verl's step
@@ -549,6 +550,7 @@ class AgentView:
             "ref_policy_wg": rt.worker_group,
             "tokenizer": rt.tokenizer,
             "use_reference_policy": rt.use_reference_policy,
+            "ref_in_actor": rt.ref_in_actor,  # a LoRA agent's reference: its actor, adapter off
         }
         object.__setattr__(self, "_trainer", trainer)
         for name, value in routed.items():

@@ -67,11 +67,10 @@ def test_mixed_setups(main, sub, hosts):
 
 @pytest.mark.parametrize("kwargs,expected", [
     ({"sub": lora(4), "actor_rollout_ref__actor__strategy": "megatron"}, r"LoRA agent \(multi_agent\.agents\.sub.*strategy is 'megatron'"),
-    ({"sub": lora(4), "actor_rollout_ref__actor__use_kl_loss": True}, "use_kl_loss is true"),
     ({"sub": {"model": {"lora": {"rank": 4}}}}, r"multi_agent\.agents\.sub\.actor_rollout_ref\.model\.lora\.rank.*Megatron"),
     ({"main": lora(4), "sub": {**lora(4), "rollout": {"response_length": 7}}},
      r"share one rollout engine.*actor_rollout_ref\.rollout\.response_length differs"),
-], ids=["strategy", "kl_loss", "megatron_key", "engine_mismatch"])
+], ids=["strategy", "megatron_key", "engine_mismatch"])
 def test_refusals(kwargs, expected):
     main, sub = kwargs.pop("main", None), kwargs.pop("sub", None)
     config = _config(main=main, sub=sub, **kwargs)
@@ -122,3 +121,8 @@ def test_memory_estimate_counts_the_adapter_as_peft_builds_it(tmp_path, targets)
     full = agent_figures("sub", config, hf, 80.0, trainable=True, use_reference=False)
     assert lora.optimizer * 1e9 == pytest.approx(trainable * 8) and full.optimizer * 1e9 == pytest.approx(full.params * 8)
     assert lora.grads * 1e9 == pytest.approx(trainable * 4) and lora.actor == full.actor
+    # with a KL loss the reference of a LoRA agent is its own actor, adapter off: no second copy
+    config.actor_rollout_ref.model.lora_rank = 4
+    assert agent_figures("sub", config, hf, 80.0, trainable=True, use_reference=True).reference == 0.0
+    config.actor_rollout_ref.model.lora_rank = 0
+    assert agent_figures("sub", config, hf, 80.0, trainable=True, use_reference=True).reference > 0

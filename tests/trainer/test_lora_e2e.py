@@ -4,7 +4,9 @@ Both agents play the same base model (main: rank 4, alpha 16, every linear layer
 projections only: verl's own ``model.lora_*`` keys, per agent). Two runs:
 
 1. 2 steps, validation before training and after step 2, a checkpoint per step;
-2. the same command to step 3: resumes from ``global_step_2``.
+2. the same command to step 3: resumes from ``global_step_2``;
+
+with a KL loss against each agent's base (its actor with the adapter off).
 
 Checked: one HF rollout server serves both agents (adapter-only syncs, each under its agent's name); the
 base weights the server holds stay bit-identical to the model folder's at every sync; each agent's rollout
@@ -40,6 +42,8 @@ LORA = (
     "+multi_agent.agents.sub.actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
     "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
     "trainer.test_freq=2",
+    # a KL loss: each agent's reference is its own actor with the adapter off (verl's ref_in_actor, per agent)
+    "actor_rollout_ref.actor.use_kl_loss=true",
 )
 
 SYNC = re.compile(r"HF rollout replica (\d+): adapter '(\w+)', (\d+) tensors .*global_steps=(\S+), "
@@ -88,6 +92,9 @@ def test_two_adapters_on_one_base_train_checkpoint_resume_export(main_ppo, tmp_p
             assert math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
             # the rollout's log-probs are the actor's own: generated with this agent's adapter, no other
             assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-3
+            assert math.isfinite(m[f"agent/{agent}/actor/kl_loss"])
+    for agent in ("main", "sub"):  # after one update the adapter moved the policy away from the base
+        assert first.at(2)[f"agent/{agent}/actor/kl_loss"] > 0
 
     states = {(a, s): load_actor_state(str(tmp_path / "ckpt" / f"global_step_{s}" / "agents" / a / "actor"))
               for a in ("main", "sub") for s in (1, 2)}
