@@ -99,6 +99,16 @@ def default_scorer(role: str, text: str, ground_truth: str) -> float:
     return main_score(text, ground_truth) if role == "main" else sub_local_score(text, ground_truth)
 
 
+def exact_scorer(role: str, text: str, ground_truth: str) -> float:
+    """A scorer that rewards exact answers (``multi_agent.delegation.scorer=mgrpo_verl.envs.relay:exact_scorer``):
+    1 when ``text``, stripped, is the digit; else :func:`default_scorer` (at most 1/8 for one right digit with
+    other characters, 1/32 for another digit). With the dense default alone, "7." scores as "7" (both 1/8),
+    so RL need not raise exact accuracy (docs/warmstart.md)."""
+    if str(text).strip() == str(ground_truth).strip():
+        return 1.0
+    return default_scorer(role, text, ground_truth)
+
+
 def load_scorer(spec: str | None) -> Scorer:
     """The scorer named by ``multi_agent.delegation.scorer``: ``null`` for :func:`default_scorer`, or
     ``"package.module:function"`` / ``"path/to/file.py:function"`` (e.g. a task of your own, or a dense

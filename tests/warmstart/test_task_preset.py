@@ -117,3 +117,14 @@ def test_the_sub_agent_starts_from_the_main_agents_checkpoint_by_default(cache_d
         other = build.WarmStartSpec(sub_model="tiny_sub")
         assert build._bases(other)["sub"] == build._base_model("tiny_sub")
         assert build.cache_key(other, build._bases(other)) != build.cache_key(spec, build._bases(spec))
+
+
+def test_exact_scorer_pays_exact_answers_only_in_full():
+    """relay.exact_scorer: 1 for the bare digit; the dense default (at most 1/8) for a right digit with other
+    characters, which the dense score alone pays as much as the bare digit."""
+    from mgrpo_verl.envs import relay
+
+    assert relay.exact_scorer("main", " 7\n", "7") == 1.0
+    assert relay.exact_scorer("main", "7.", "7") == relay.default_scorer("main", "7.", "7") == relay.default_scorer("main", "7", "7")
+    assert relay.exact_scorer("sub", "3", "7") == relay.default_scorer("sub", "3", "7") < relay.exact_scorer("sub", "7", "7")
+    assert relay.exact_scorer("main", "", "7") == 0.0
