@@ -26,6 +26,7 @@ on disjoint resource pools update concurrently, one thread each (``multi_agent.c
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -48,6 +49,7 @@ from verl.trainer.ppo.utils import Role, need_reference_policy
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.debug import marked_timer
+from verl.utils.ray_utils import auto_await
 from verl.workers.config import HFModelConfig
 
 from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_resolved_alignment
@@ -119,18 +121,14 @@ class MultiAgentTrainer(PPOTrainer):
         self._init_resource_pool_mgr()
         self.resource_pool_manager.create_resource_pool()
         self.ref_in_actor = False
-        for rt in self.agents.values():
-            self._spawn_workers(rt)
+        # the agents' worker groups start together, as their rollout servers below: each start is a chain of
+        # process start-up, imports and model load, which verl's single-model trainer runs once
+        with ThreadPoolExecutor(len(self.agents), thread_name_prefix="mgrpo-spawn") as spawner:
+            list(spawner.map(self._spawn_workers, self.agents.values()))
         self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
         self.teacher_model_manager, self.distillation_config = None, None
+        self._start_rollout_servers()
         for rt in self.agents.values():
-            pool = self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt)))
-            offset = rt.config.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY]
-            host = self.adapter_hosts.get(rt.name, rt.name)
-            # a LoRA agent on another agent's base uses that agent's engine (trainer/lora.py); hosts come first
-            rt.llm = self.agents[host].llm if host != rt.name else AgentLLMServerManager.create(
-                config=rt.config, worker_group=rt.worker_group, rollout_resource_pool=pool, start_rank=offset
-            )
             ce_config = omega_conf_to_dataclass(rt.config.actor_rollout_ref.rollout.checkpoint_engine)
             ce_config.backend = "naive"  # colocated hybrid workers, as verl's own trainer
             rt.checkpoint = CheckpointEngineManager(
@@ -143,6 +141,23 @@ class MultiAgentTrainer(PPOTrainer):
         for rt in self._trainable():
             rt.checkpoint.sleep_replicas()
         self._load_checkpoint()
+
+    @auto_await
+    async def _start_rollout_servers(self) -> None:
+        """Every engine-owning agent's ``AgentLLMServerManager``, started concurrently (verl's ``create`` is a
+        coroutine); a LoRA agent on another agent's base then shares that agent's manager (trainer/lora.py)."""
+
+        async def start(rt: AgentRuntime) -> None:
+            pool = self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt)))
+            offset = rt.config.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY]
+            rt.llm = await AgentLLMServerManager.create(
+                config=rt.config, worker_group=rt.worker_group, rollout_resource_pool=pool, start_rank=offset
+            )
+
+        hosts = {name: self.adapter_hosts.get(name, name) for name in self.agents}
+        await asyncio.gather(*(start(rt) for name, rt in self.agents.items() if hosts[name] == name))
+        for name, rt in self.agents.items():
+            rt.llm = self.agents[hosts[name]].llm
 
     def _agent_runtimes(self) -> dict[str, AgentRuntime]:
         ma = self.multi_agent

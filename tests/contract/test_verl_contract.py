@@ -86,6 +86,27 @@ def test_plugin_imports_nothing_heavy_on_import_verl():
     assert not ours & heavy, sorted(ours & heavy)
 
 
+def test_auto_await_hands_a_coroutine_to_a_coroutine_caller():
+    # per_agent._start_rollout_servers awaits LLMServerManager.create (auto_await) from a coroutine, to start
+    # every agent's servers concurrently; called from plain code, auto_await runs the coroutine itself
+    import asyncio
+
+    from verl.utils.ray_utils import auto_await
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    @auto_await
+    async def make(x):
+        return x + 1
+
+    async def caller():
+        pending = make(1)
+        assert asyncio.iscoroutine(pending)
+        return await pending
+
+    assert asyncio.run(caller()) == 2 and make(2) == 3
+    assert "auto_await" in inspect.getsource(LLMServerManager.create.__func__) or hasattr(LLMServerManager.create, "__wrapped__")
+
+
 def test_dataproto_api_used_by_alignment():
     # alignment builds its output with type(data)(batch=..., non_tensor_batch=..., meta_info=...)
     params = inspect.signature(DataProto).parameters
