@@ -16,6 +16,7 @@ one adapter per engine, never run here), a LoRA agent gets an engine of its own,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,15 +40,9 @@ def _rank(config: DictConfig) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _full(config: DictConfig, spec: AgentConfig) -> DictConfig:
-    from mgrpo_verl.trainer.multi_agent_config import agent_full_config
-
-    return agent_full_config(config, spec)
-
-
-def lora_owners(config: DictConfig, owners) -> dict[str, DictConfig]:
-    """The LoRA agents among the model owners ``owners``, each with its full config."""
-    fulls = {spec.name: _full(config, spec) for spec in owners}
+def lora_owners(fulls: Mapping[str, DictConfig]) -> dict[str, DictConfig]:
+    """The LoRA agents among the model owners of ``fulls`` (name -> the agent's full config,
+    ``agent_full_config``), each with its full config."""
     return {name: full for name, full in fulls.items() if _rank(full)}
 
 
@@ -56,12 +51,13 @@ def _shares_engine(full: DictConfig) -> bool:
         _get(full, "actor_rollout_ref.model.lora.merge"))
 
 
-def adapter_hosts(config: DictConfig, ma: MultiAgentConfig) -> dict[str, str]:
+def adapter_hosts(fulls: Mapping[str, DictConfig]) -> dict[str, str]:
     """LoRA agent -> the agent whose rollout engine serves its adapter (itself for the first agent on a base),
-    for every model owner built here whose adapter is served by a shared engine; other agents are absent."""
+    for every model owner of ``fulls`` (the owners built here, in order: name -> full config) whose adapter
+    is served by a shared engine; other agents are absent."""
     hosts: dict[str, str] = {}
     first: dict[str, str] = {}
-    for name, full in lora_owners(config, ma.local_owners).items():
+    for name, full in lora_owners(fulls).items():
         if not _shares_engine(full):
             continue
         base = str(_get(full, "actor_rollout_ref.model.path"))
@@ -102,11 +98,12 @@ def _source(spec: AgentConfig, key: str) -> str:
     return f"{where}.{key}"
 
 
-def check_lora(config: DictConfig, ma: MultiAgentConfig) -> None:
+def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
     """The LoRA rules of multi-agent mode, before Ray starts; ``ValueError`` naming the key. Called by
-    :func:`~mgrpo_verl.trainer.multi_agent_config.parse_multi_agent` after the GPU shares are resolved."""
+    :func:`~mgrpo_verl.trainer.multi_agent_config.parse_multi_agent` after the GPU shares are resolved, with
+    every model owner's full config (``fulls``: name -> ``agent_full_config``)."""
     for spec in ma.model_owners:
-        full = _full(config, spec)
+        full = fulls[spec.name]
         megatron = _get(full, "actor_rollout_ref.model.lora.rank")
         if isinstance(megatron, int) and megatron > 0:
             raise ValueError(
@@ -125,12 +122,11 @@ def check_lora(config: DictConfig, ma: MultiAgentConfig) -> None:
         if ma.decoupled.role is not None:
             raise ValueError(f"{what} but multi_agent.decoupled.role is {ma.decoupled.role!r}: LoRA agents are "
                              f"supported in the synchronous mode only (decoupled.role: null)")
-    hosts = adapter_hosts(config, ma)
-    owners = {s.name: s for s in ma.local_owners}
+    hosts = adapter_hosts({spec.name: fulls[spec.name] for spec in ma.local_owners})
     for name, host in hosts.items():
         if name == host:
             continue
-        mine, theirs = _full(config, owners[name]), _full(config, owners[host])
+        mine, theirs = fulls[name], fulls[host]
         for key in _ENGINE_KEYS:
             a, b = _get(mine, key), _get(theirs, key)
             if a != b:

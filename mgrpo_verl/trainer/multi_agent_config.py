@@ -188,7 +188,8 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
     if ma.placement == "shared":
         _check_shared_engines(config, owners)
     check_override_keys(config, ma.model_owners)  # every side's agents: one shared config
-    check_lora(config, ma)  # LoRA agents: verl's keys per agent, which of them share a rollout engine
+    # LoRA agents: verl's keys per agent, which of them share a rollout engine
+    check_lora(ma, {spec.name: agent_full_config(config, spec) for spec in ma.model_owners})
     # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
     _check_agent_overrides(config, owners, rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
     return ma

@@ -32,6 +32,11 @@ def _config(main: dict | None = None, sub: dict | None = None, **top):
     return config
 
 
+def _fulls(config, ma):
+    """The full configs of the model owners built here, as the trainer passes them to adapter_hosts."""
+    return {spec.name: agent_full_config(config, spec) for spec in ma.local_owners}
+
+
 def lora(rank=8, **model):
     return {"model": {"lora_rank": rank, **model}}
 
@@ -40,7 +45,7 @@ def test_two_lora_agents_on_one_base_share_one_engine_with_their_own_settings():
     config = _config(main=lora(8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
                      sub=lora(2, lora_alpha=4, target_modules="all-linear"))
     ma = parse_multi_agent(config)
-    assert adapter_hosts(config, ma) == {"main": "main", "sub": "main"}
+    assert adapter_hosts(_fulls(config, ma)) == {"main": "main", "sub": "main"}
     sub = agent_full_config(config, ma.agent("sub")).actor_rollout_ref.model
     main = agent_full_config(config, ma.agent("main")).actor_rollout_ref.model
     assert (sub.lora_rank, sub.lora_alpha, sub.target_modules) == (2, 4, "all-linear")
@@ -50,7 +55,7 @@ def test_two_lora_agents_on_one_base_share_one_engine_with_their_own_settings():
 def test_top_level_lora_makes_every_agent_an_adapter():
     config = _config(actor_rollout_ref__model__lora_rank=4)
     ma = parse_multi_agent(config)
-    assert adapter_hosts(config, ma) == {"main": "main", "sub": "main"}
+    assert adapter_hosts(_fulls(config, ma)) == {"main": "main", "sub": "main"}
 
 
 @pytest.mark.parametrize("main,sub,hosts", [
@@ -62,7 +67,7 @@ def test_top_level_lora_makes_every_agent_an_adapter():
 ], ids=["full_main_lora_sub", "two_bases", "merge", "vllm", "no_lora"])
 def test_mixed_setups(main, sub, hosts):
     config = _config(main=main, sub=sub)
-    assert adapter_hosts(config, parse_multi_agent(config)) == hosts
+    assert adapter_hosts(_fulls(config, parse_multi_agent(config))) == hosts
 
 
 @pytest.mark.parametrize("kwargs,expected", [
