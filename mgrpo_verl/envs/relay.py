@@ -99,14 +99,19 @@ def default_scorer(role: str, text: str, ground_truth: str) -> float:
     return main_score(text, ground_truth) if role == "main" else sub_local_score(text, ground_truth)
 
 
+#: :func:`exact_scorer`'s score of an answer that is one digit, the wrong one (format credit).
+EXACT_FORMAT_CREDIT = 0.05
+
+
 def exact_scorer(role: str, text: str, ground_truth: str) -> float:
-    """A scorer that rewards exact answers (``multi_agent.delegation.scorer=mgrpo_verl.envs.relay:exact_scorer``):
-    1 when ``text``, stripped, is the digit; else :func:`default_scorer` (at most 1/8 for one right digit with
-    other characters, 1/32 for another digit). With the dense default alone, "7." scores as "7" (both 1/8),
-    so RL need not raise exact accuracy (docs/warmstart.md)."""
-    if str(text).strip() == str(ground_truth).strip():
+    """A scorer that rewards exact answers only (``multi_agent.delegation.scorer=mgrpo_verl.envs.relay:exact_scorer``):
+    1 when ``text``, stripped, is the digit; :data:`EXACT_FORMAT_CREDIT` when it is another single digit; 0
+    otherwise. The dense default pays "7." as "7" and up to 1 for "77777777", so RL on it need not raise
+    exact accuracy (docs/warmstart.md); nothing here pays more than a bare digit."""
+    answer, digit = str(text).strip(), str(ground_truth).strip()
+    if answer == digit:
         return 1.0
-    return default_scorer(role, text, ground_truth)
+    return EXACT_FORMAT_CREDIT if len(answer) == 1 and answer.isdigit() else 0.0
 
 
 def load_scorer(spec: str | None) -> Scorer:

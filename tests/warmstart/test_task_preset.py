@@ -119,12 +119,13 @@ def test_the_sub_agent_starts_from_the_main_agents_checkpoint_by_default(cache_d
         assert build.cache_key(other, build._bases(other)) != build.cache_key(spec, build._bases(spec))
 
 
-def test_exact_scorer_pays_exact_answers_only_in_full():
-    """relay.exact_scorer: 1 for the bare digit; the dense default (at most 1/8) for a right digit with other
-    characters, which the dense score alone pays as much as the bare digit."""
+def test_exact_scorer_pays_the_bare_right_digit_only():
+    """relay.exact_scorer: 1 for the bare right digit, a small format credit for another bare digit, 0 for
+    anything else, including text the dense default pays as much as the right digit or more ("7.", "77777777")."""
     from mgrpo_verl.envs import relay
 
     assert relay.exact_scorer("main", " 7\n", "7") == 1.0
-    assert relay.exact_scorer("main", "7.", "7") == relay.default_scorer("main", "7.", "7") == relay.default_scorer("main", "7", "7")
-    assert relay.exact_scorer("sub", "3", "7") == relay.default_scorer("sub", "3", "7") < relay.exact_scorer("sub", "7", "7")
-    assert relay.exact_scorer("main", "", "7") == 0.0
+    assert relay.exact_scorer("sub", "3", "7") == relay.EXACT_FORMAT_CREDIT < 1.0
+    for text in ("7.", "77777777", "7 3", "", "<tool_call>"):
+        assert relay.exact_scorer("main", text, "7") == 0.0, text
+    assert relay.default_scorer("main", "77777777", "7") == 1.0  # what the dense score pays for spam
