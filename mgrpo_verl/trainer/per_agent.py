@@ -121,9 +121,12 @@ class MultiAgentTrainer(PPOTrainer):
         self._init_resource_pool_mgr()
         self.resource_pool_manager.create_resource_pool()
         self.ref_in_actor = False
-        # the agents' worker groups start together, as their rollout servers below: each start is a chain of
-        # process start-up, imports and model load, which verl's single-model trainer runs once
-        with ThreadPoolExecutor(len(self.agents), thread_name_prefix="mgrpo-spawn") as spawner:
+        # agents on pools of their own start their worker groups together, as their rollout servers below: each
+        # start is a chain of process start-up, imports and model load, which verl's single-model trainer runs
+        # once. Agents sharing one pool start one after the other: verl creates a pool's placement groups on
+        # first use, under one name per pool, and two groups creating them at once collide.
+        together = self.multi_agent.placement != "shared"
+        with ThreadPoolExecutor(len(self.agents) if together else 1, thread_name_prefix="mgrpo-spawn") as spawner:
             list(spawner.map(self._spawn_workers, self.agents.values()))
         self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
         self.teacher_model_manager, self.distillation_config = None, None
@@ -144,8 +147,9 @@ class MultiAgentTrainer(PPOTrainer):
 
     @auto_await
     async def _start_rollout_servers(self) -> None:
-        """Every engine-owning agent's ``AgentLLMServerManager``, started concurrently (verl's ``create`` is a
-        coroutine); a LoRA agent on another agent's base then shares that agent's manager (trainer/lora.py)."""
+        """Every engine-owning agent's ``AgentLLMServerManager``, started concurrently when the agents have pools
+        of their own (verl's ``create`` is a coroutine); a LoRA agent on another agent's base then shares that
+        agent's manager (trainer/lora.py)."""
 
         async def start(rt: AgentRuntime) -> None:
             pool = self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt)))
@@ -155,7 +159,12 @@ class MultiAgentTrainer(PPOTrainer):
             )
 
         hosts = {name: self.adapter_hosts.get(name, name) for name in self.agents}
-        await asyncio.gather(*(start(rt) for name, rt in self.agents.items() if hosts[name] == name))
+        owners = [rt for name, rt in self.agents.items() if hosts[name] == name]
+        if self.multi_agent.placement == "shared":  # one pool: one after the other, as the worker groups
+            for rt in owners:
+                await start(rt)
+        else:
+            await asyncio.gather(*(start(rt) for rt in owners))
         for name, rt in self.agents.items():
             rt.llm = self.agents[hosts[name]].llm
 
