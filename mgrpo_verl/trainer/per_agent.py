@@ -125,8 +125,8 @@ class MultiAgentTrainer(PPOTrainer):
         # start is a chain of process start-up, imports and model load, which verl's single-model trainer runs
         # once. Agents sharing one pool start one after the other: verl creates a pool's placement groups on
         # first use, under one name per pool, and two groups creating them at once collide.
-        together = self.multi_agent.placement != "shared"
-        with ThreadPoolExecutor(len(self.agents) if together else 1, thread_name_prefix="mgrpo-spawn") as spawner:
+        together = len(self.agents) if self._start_together() else 1
+        with ThreadPoolExecutor(together, thread_name_prefix="mgrpo-spawn") as spawner:
             list(spawner.map(self._spawn_workers, self.agents.values()))
         self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
         self.teacher_model_manager, self.distillation_config = None, None
@@ -160,13 +160,17 @@ class MultiAgentTrainer(PPOTrainer):
 
         hosts = {name: self.adapter_hosts.get(name, name) for name in self.agents}
         owners = [rt for name, rt in self.agents.items() if hosts[name] == name]
-        if self.multi_agent.placement == "shared":  # one pool: one after the other, as the worker groups
+        if self._start_together():
+            await asyncio.gather(*(start(rt) for rt in owners))
+        else:  # one pool: one after the other, as the worker groups
             for rt in owners:
                 await start(rt)
-        else:
-            await asyncio.gather(*(start(rt) for rt in owners))
         for name, rt in self.agents.items():
             rt.llm = self.agents[hosts[name]].llm
+
+    def _start_together(self) -> bool:
+        """Whether the agents' worker groups and servers start concurrently: only on pools of their own (see _setup)."""
+        return self.multi_agent.placement != "shared"
 
     def _agent_runtimes(self) -> dict[str, AgentRuntime]:
         ma = self.multi_agent
