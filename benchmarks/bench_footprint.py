@@ -2,7 +2,7 @@
 
 Runs, one after the other, each for ``--steps`` steps:
 
-- ``multi``: the default ``python -m mgrpo_verl.main_ppo`` (two tiny random Qwen2 models, M-GRPO, relay
+- ``multi``: ``python -m mgrpo_verl.main_ppo task=relay`` (two tiny random Qwen2 models, M-GRPO, relay
   task; validation before training as by default, checkpoints off);
 - ``stock`` (the reference): stock ``python -m verl.trainer.main_ppo`` with the work settings of
   ``single_agent.yaml`` (one tiny model, echo task), passed as ``benchmarks/bench_cpu_step.py`` passes
@@ -243,7 +243,7 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str],
         metrics = work / name / "metrics.jsonl"
         ckpt = f"trainer.default_local_dir={work / name / 'ckpt'}"
         if name == "multi":
-            cmd = ["mgrpo_verl.main_ppo", *common, ckpt, f"mgrpo_verl.metrics_file={metrics}", *args.overrides]
+            cmd = ["mgrpo_verl.main_ppo", "task=relay", *common, ckpt, f"mgrpo_verl.metrics_file={metrics}", *args.overrides]
         elif name == "single":
             cmd = ["mgrpo_verl.main_ppo", "--config-name", "single_agent", *common, ckpt,
                    f"mgrpo_verl.metrics_file={metrics}"]

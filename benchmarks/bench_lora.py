@@ -42,7 +42,7 @@ def base_model(size: str):
 def commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str], Path]]:
     paths = base_model(args.size)
     common = [
-        f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.val_before_train=false",
+        "task=relay", f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "trainer.logger=[console,file]",
         f"actor_rollout_ref.model.path={paths.model_dir}", f"actor_rollout_ref.model.tokenizer_path={paths.tokenizer_dir}",
         # both agents on the same base

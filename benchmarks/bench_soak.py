@@ -1,6 +1,6 @@
 """Soak: the default multi-agent job for many steps, with memory and step time sampled as it runs.
 
-Runs ``python -m mgrpo_verl.main_ppo`` (its default: two tiny models, M-GRPO, relay task) for ``--steps``
+Runs ``python -m mgrpo_verl.main_ppo task=relay`` (two tiny models, M-GRPO, relay task) for ``--steps``
 steps with validation and checkpoints off, and samples every ``--interval`` seconds the proportional set
 size (PSS: shared pages split between the processes that map them, so the sum is the real footprint) of
 the driver and of all its descendants (Ray's GCS and raylet, verl's TaskRunner, workers, rollout servers,
@@ -126,7 +126,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mgrpo_soak_") as tmp:
         work = Path(tmp)
         metrics = work / "metrics.jsonl"
-        cmd = [sys.executable, "-m", "mgrpo_verl.main_ppo", f"trainer.total_training_steps={args.steps}",
+        cmd = [sys.executable, "-m", "mgrpo_verl.main_ppo", "task=relay", f"trainer.total_training_steps={args.steps}",
                "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1",
                f"trainer.default_local_dir={work / 'ckpt'}", f"mgrpo_verl.metrics_file={metrics}", *args.overrides]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}

@@ -19,7 +19,7 @@ STEPS="${STEPS:-10}"
 PORT="${PORT:-8470}"
 STORE="${STORE:-sqlite:///$RUN/stats.db}"
 mkdir -p "$RUN"
-common=(multi_agent.decoupled.store="$STORE" trainer.total_training_steps="$STEPS" trainer.n_gpus_per_node=1 "$@")
+common=(task=relay multi_agent.decoupled.store="$STORE" trainer.total_training_steps="$STEPS" trainer.n_gpus_per_node=1 "$@")
 
 python -m mgrpo_verl.main_ppo multi_agent.decoupled.role=sub multi_agent.decoupled.serve_port="$PORT" \
   trainer.val_before_train=false trainer.test_freq=-1 \

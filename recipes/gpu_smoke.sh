@@ -102,7 +102,7 @@ sample_gpu() {
 
 stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
   local stage="$1" dir="$2"
-  ARGS=(-m mgrpo_verl.main_ppo
+  ARGS=(-m mgrpo_verl.main_ppo task=relay
     "mgrpo_verl.device=$DEVMODE"
     "trainer.total_training_steps=$STEPS" trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1
     trainer.resume_mode=disable "trainer.default_local_dir=$dir/ckpt" "mgrpo_verl.metrics_file=$dir/metrics.jsonl"

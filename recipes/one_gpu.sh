@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODEL="${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}"
 SUB_MODEL="${SUB_MODEL:-$MODEL}"
-python -m mgrpo_verl.main_ppo +preset=one_gpu \
+python -m mgrpo_verl.main_ppo task=relay +preset=one_gpu \
   actor_rollout_ref.model.path="$MODEL" actor_rollout_ref.model.tokenizer_path="$MODEL" \
   "multi_agent.agents.sub.actor_rollout_ref.model.path=$SUB_MODEL" \
   "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=$SUB_MODEL" \

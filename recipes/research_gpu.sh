@@ -22,7 +22,7 @@ SUB_MODEL="${SUB_MODEL:-Qwen/Qwen3-1.7B}"
 MAIN_GPUS="${MAIN_GPUS:-4}"
 SUB_GPUS="${SUB_GPUS:-4}"
 if [ "${RESEARCH_TOOLS:-offline}" = web ]; then SUB_TOOLS=research_web_tools.yaml; else SUB_TOOLS=research_sub_tools.yaml; fi
-python -m mgrpo_verl.main_ppo research=gpu \
+python -m mgrpo_verl.main_ppo task=relay research=gpu \
   actor_rollout_ref.model.path="$MAIN_MODEL" actor_rollout_ref.model.tokenizer_path="$MAIN_MODEL" \
   "multi_agent.agents.sub.actor_rollout_ref.model.path=$SUB_MODEL" \
   "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=$SUB_MODEL" \

@@ -48,7 +48,7 @@ def run_all(out: Path, seeds: list[int], steps: int, test_freq: int, variants: l
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
         args = [
-            sys.executable, "-m", "mgrpo_verl.main_ppo",
+            sys.executable, "-m", "mgrpo_verl.main_ppo", "task=relay",
             f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.save_freq=-1",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={run_dir / 'ckpt'}",
             f"mgrpo_verl.metrics_file={metrics}", f"data.seed={seed}",

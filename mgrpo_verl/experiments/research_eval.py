@@ -109,7 +109,7 @@ def eval_command(system: System, val_files: Sequence[str], out: Path, preset: st
     )
     files = ",".join(json.dumps(str(f)) for f in val_files)
     return [
-        sys.executable, "-m", "mgrpo_verl.main_ppo", f"research={preset}",
+        sys.executable, "-m", "mgrpo_verl.main_ppo", f"research={preset}", "task=relay",
         "trainer.val_only=true", "trainer.val_before_train=true", f"mgrpo_verl.metrics_file={out / 'metrics.jsonl'}",
         f"data.val_files=[{files}]", f"trainer.validation_data_dir={out / GENERATIONS}",
         f"trainer.default_local_dir={out / 'unused_ckpt'}", f"trainer.experiment_name=eval_{system.name}",
@@ -147,7 +147,7 @@ def train_all(out: Path, variants: Sequence[str], steps: int, preset: str, extra
             continue
         directory.mkdir(parents=True, exist_ok=True)
         args = [
-            sys.executable, "-m", "mgrpo_verl.main_ppo", f"research={preset}",
+            sys.executable, "-m", "mgrpo_verl.main_ppo", f"research={preset}", "task=relay",
             f"trainer.total_training_steps={steps}", f"trainer.save_freq={steps}", f"trainer.test_freq={steps}",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={directory}",
             f"mgrpo_verl.metrics_file={directory / 'metrics.jsonl'}", f"trainer.experiment_name=research_{variant}",

@@ -52,7 +52,7 @@ def test_eval_command_is_a_val_only_run_of_the_checkpoint_with_the_variant(tmp_p
     step.mkdir()
     cmd = research_eval.eval_command(System.parse(f"single={step}"), ["/d/a.parquet", "/d/b.parquet"], tmp_path / "out",
                                      "cpu", ["x.y=1"])  # fmt: skip
-    assert cmd[1:4] == ["-m", "mgrpo_verl.main_ppo", "research=cpu"]
+    assert cmd[1:5] == ["-m", "mgrpo_verl.main_ppo", "research=cpu", "task=relay"]
     assert "trainer.val_only=true" in cmd and 'data.val_files=["/d/a.parquet","/d/b.parquet"]' in cmd
     assert f"trainer.resume_from_path={step.resolve()}" in cmd and "trainer.resume_mode=resume_path" in cmd
     assert f"trainer.validation_data_dir={tmp_path / 'out' / 'generations'}" in cmd

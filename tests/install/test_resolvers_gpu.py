@@ -30,7 +30,7 @@ def flash_attn(monkeypatch):
 
 def _model_values(device: str):
     with initialize_config_module("mgrpo_verl.config", version_base=None):
-        cfg = compose("mgrpo_trainer", overrides=[f"mgrpo_verl.device={device}"])
+        cfg = compose("mgrpo_trainer", overrides=["task=relay", f"mgrpo_verl.device={device}"])
     return (OmegaConf.select(cfg, "actor_rollout_ref.model.override_config.attn_implementation"),
             OmegaConf.select(cfg, "actor_rollout_ref.model.use_remove_padding"))
 

@@ -14,8 +14,9 @@ from mgrpo_verl.main_ppo import check_rollout_engines, run
 
 
 def _compose(name: str, *overrides: str):
+    task = ["task=relay"] if name == "mgrpo_trainer" else []  # named, whatever the default task
     with initialize_config_module("mgrpo_verl.config", version_base=None):
-        return compose(name, overrides=list(overrides))
+        return compose(name, overrides=[*task, *overrides])
 
 
 def _installed(monkeypatch, module: str) -> None:

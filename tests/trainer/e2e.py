@@ -39,6 +39,10 @@ MAIN_ROWS = 16
 
 # the two-agent job (default config, named so that the tests do not depend on it staying the default)
 MGRPO_CONFIG = "mgrpo_trainer"
+# its task, named for the same reason (the default choice of the ``task`` group may become relay_tools, which
+# would build a warm start per run): :meth:`MainPPO.start` adds it to every ``mgrpo_trainer`` run whose
+# overrides name no task
+RELAY_TASK = "task=relay"
 TWO_MODELS = (
     # the sub-agent is a smaller architecture than the main agent (1 layer, width 32 vs 2 layers, 64)
     "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_small}",
@@ -221,13 +225,17 @@ class MainPPO:
     def start(self, name: str, *overrides: str, config: str | None = None, env: dict | None = None,
               checkpoints: Path | None = None) -> Proc:
         """Start a run in ``root/name``; ``env`` is applied after the clearing (e.g. ``{"RAY_ADDRESS": ...}`` to
-        join an existing cluster)."""
+        join an existing cluster). A run of ``mgrpo_trainer`` (``config`` None or :data:`MGRPO_CONFIG`) gets
+        :data:`RELAY_TASK` unless its overrides name a task."""
         workdir = self.root / name
         workdir.mkdir()
         metrics = workdir / "metrics.jsonl"
+        names_task = any(o.split("=", 1)[0].lstrip("+~") == "task" for o in overrides)
+        task = (RELAY_TASK,) if config in (None, MGRPO_CONFIG) and not names_task else ()
         args = [
             sys.executable, "-m", "mgrpo_verl.main_ppo",
             *(("--config-name", config) if config else ()),
+            *task,
             f"trainer.default_local_dir={checkpoints or self.checkpoints}",
             f"mgrpo_verl.metrics_file={metrics}",
             *overrides,

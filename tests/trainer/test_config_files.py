@@ -20,8 +20,16 @@ def _compose(name: str, *overrides: str):
         return compose(name, overrides=list(overrides))
 
 
-def test_default_config_is_multi_agent_relay():
-    cfg = _compose("mgrpo_trainer")
+def test_default_task_is_relay():
+    """The default choice of the ``task`` group of mgrpo_trainer.yaml. Every other test and recipe that relies on
+    the relay names ``task=relay``, so flipping the default (to relay_tools) changes only this test."""
+    with initialize_config_module("mgrpo_verl.config", version_base=None):
+        cfg = compose("mgrpo_trainer", return_hydra_config=True)
+    assert cfg.hydra.runtime.choices.task == "relay" and cfg.mgrpo_verl.task == "relay"
+
+
+def test_relay_config_is_multi_agent_relay():
+    cfg = _compose("mgrpo_trainer", "task=relay")
     assert cfg.trainer.v1.trainer_mode == "mgrpo" and multi_agent_enabled(cfg)
     parsed = parse_multi_agent(cfg)
     assert list(parsed.agents) == ["main", "sub"] and parsed.delegation.sub_agent == "sub"
@@ -37,7 +45,7 @@ def test_single_agent_config_is_verl_grpo():
 
 def test_tool_config_resolver_finds_the_shipped_sub_agent_tools():
     cfg = _compose(
-        "mgrpo_trainer",
+        "mgrpo_trainer", "task=relay",
         "multi_agent.agents.sub.actor_rollout_ref.rollout.multi_turn.tool_config_path=${mgrpo_config_file:tools/relay_sub_tools.yaml}",
     )
     path = cfg.multi_agent.agents.sub.actor_rollout_ref.rollout.multi_turn.tool_config_path
@@ -56,8 +64,8 @@ def test_research_presets_set_the_research_task():
     from mgrpo_verl.agent_loops.common import DelegationSettings
     from mgrpo_verl.envs.research import prompts, rewards
 
-    assert "research" not in _compose("mgrpo_trainer").mgrpo_verl.task  # no preset by default
-    cfg = _compose("mgrpo_trainer", "research=cpu")
+    assert "research" not in _compose("mgrpo_trainer", "task=relay").mgrpo_verl.task  # no preset by default
+    cfg = _compose("mgrpo_trainer", "task=relay", "research=cpu")
     assert cfg.mgrpo_verl.task == "research" and cfg.trainer.v1.trainer_mode == "mgrpo"
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_relay"
     settings = DelegationSettings.from_config(cfg)
@@ -70,7 +78,7 @@ def test_research_presets_set_the_research_task():
     # every prompt fits: the sub-agent's prompt with three search hits is the longest (about 600 tokens)
     assert cfg.data.max_prompt_length >= 768
     # research=gpu: delegation and tools by tool call, K = 8, each agent on its own GPUs, vLLM
-    gpu = _compose("mgrpo_trainer", "research=gpu")
+    gpu = _compose("mgrpo_trainer", "task=relay", "research=gpu")
     assert gpu.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_delegate"
     assert gpu.actor_rollout_ref.rollout.n == 8 and gpu.actor_rollout_ref.rollout.name == "vllm"
     parsed = parse_multi_agent(gpu)
@@ -125,10 +133,10 @@ def test_agent_entries_restate_the_agent_defaults():
 @pytest.mark.parametrize(
     "name, overrides",
     [
-        ("mgrpo_trainer", ()),
-        ("mgrpo_trainer", ("research=cpu",)),
-        ("mgrpo_trainer", ("research=gpu",)),
-        ("mgrpo_trainer", ("+preset=one_gpu",)),
+        ("mgrpo_trainer", ("task=relay",)),
+        ("mgrpo_trainer", ("task=relay", "research=cpu")),
+        ("mgrpo_trainer", ("task=relay", "research=gpu")),
+        ("mgrpo_trainer", ("task=relay", "+preset=one_gpu")),
         ("magrpo_trainer", ()),
         ("magrpo_trainer", ("coop_task=code",)),
         ("magrpo_trainer", ("+preset=magrpo_gpu",)),

@@ -1,10 +1,10 @@
 """Bad values of the default config are refused by ``mgrpo_verl.main_ppo.run`` before Ray starts, in seconds,
 with a message naming the key and the value (without the checks each one failed 50-210 s later, inside Ray).
 
-Each case composes ``mgrpo_trainer`` with Hydra as ``python -m mgrpo_verl.main_ppo`` does, runs ``run(config)``
-with verl's ``run_ppo`` replaced by a sentinel (reaching it means every check passed), and asserts that Ray was
-never initialized. The time bound is generous (10 s; the checks themselves take well under a second once the
-modules are imported)."""
+Each case composes ``mgrpo_trainer`` with ``task=relay`` (named: the cases rely on the relay, whatever the
+default task) with Hydra as ``python -m mgrpo_verl.main_ppo`` does, runs ``run(config)`` with verl's ``run_ppo``
+replaced by a sentinel (reaching it means every check passed), and asserts that Ray was never initialized. The
+time bound is generous (10 s; the checks themselves take well under a second once the modules are imported)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class ReachedRay(Exception):
 
 def _compose(*overrides: str, tmp_path: Path):
     with initialize_config_module("mgrpo_verl.config", version_base=None):
-        return compose("mgrpo_trainer", overrides=[f"trainer.default_local_dir={tmp_path}", *overrides])
+        return compose("mgrpo_trainer", overrides=["task=relay", f"trainer.default_local_dir={tmp_path}", *overrides])
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_rollout_n_one_is_a_warning_not_an_error(run, caplog):
 
 
 def test_default_config_reaches_ray(run):
-    """The control: the default config passes every check (so the refusals below come from the bad values)."""
+    """The control: the shipped config (task=relay) passes every check (so the refusals below come from the bad values)."""
     err, seconds = run()
     assert isinstance(err, ReachedRay), err
     assert seconds < BOUND_S
@@ -227,7 +227,7 @@ def test_main_ppo_process_refuses_rollout_n_zero(tmp_path):
     """The real command line: exits non-zero, names the key and value, and never starts Ray (the refusal's time,
     interpreter start and imports included, is a benchmark's business; the timeout only bounds a hang)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "mgrpo_verl.main_ppo", "actor_rollout_ref.rollout.n=0",
+        [sys.executable, "-m", "mgrpo_verl.main_ppo", "task=relay", "actor_rollout_ref.rollout.n=0",
          f"trainer.default_local_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra"],
         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )

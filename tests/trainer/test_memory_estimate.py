@@ -211,7 +211,7 @@ def test_separate_phases_are_per_agent():
 def _research_gpu(tmp_path, *overrides):
     main, sub = _model_dir(tmp_path, "qwen3-4b", QWEN3_4B), _model_dir(tmp_path, "qwen3-1.7b", QWEN3_1_7B)
     return _compose(
-        "mgrpo_trainer", "research=gpu",
+        "mgrpo_trainer", "task=relay", "research=gpu",
         f"actor_rollout_ref.model.path={main}", f"actor_rollout_ref.model.tokenizer_path={main}",
         f"multi_agent.agents.sub.actor_rollout_ref.model.path={sub}",
         f"multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path={sub}",
@@ -266,7 +266,7 @@ def test_one_gpu_preset_fits_80gb(tmp_path):
     paths = (f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.model.tokenizer_path={model}",
              f"multi_agent.agents.sub.actor_rollout_ref.model.path={model}",
              f"multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path={model}")
-    cfg = _compose("mgrpo_trainer", "+preset=one_gpu", *paths, "multi_agent.gpu_memory_gb=80")
+    cfg = _compose("mgrpo_trainer", "task=relay", "+preset=one_gpu", *paths, "multi_agent.gpu_memory_gb=80")
     assert cfg.multi_agent.placement == "shared" and cfg.trainer.n_gpus_per_node == 1
     est = preflight(cfg)
     assert est is not None and est.fits
@@ -275,7 +275,7 @@ def test_one_gpu_preset_fits_80gb(tmp_path):
     # the same layout on a 40 GB GPU: 2 x 0.3 x 40 = 24 GB of engines + 2 x 5.9 GB resident + ... still fits;
     # on 24 GB it does not, and the message offers separate placement
     with pytest.raises(MemoryLayoutError, match=r"multi_agent.placement=separate"):
-        preflight(_compose("mgrpo_trainer", "+preset=one_gpu", *paths, "multi_agent.gpu_memory_gb=16"))
+        preflight(_compose("mgrpo_trainer", "task=relay", "+preset=one_gpu", *paths, "multi_agent.gpu_memory_gb=16"))
 
 
 @pytest.mark.parametrize("task,other", [("code", "main"), ("writing", "details")])

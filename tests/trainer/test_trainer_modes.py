@@ -43,7 +43,7 @@ def _side(role: str | None, tmp_path: Path) -> list[str]:
 
 def _compose(*overrides: str, tmp_path: Path):
     with initialize_config_module("mgrpo_verl.config", version_base=None):
-        return compose("mgrpo_trainer", overrides=[f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
+        return compose("mgrpo_trainer", overrides=["task=relay", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
 
 
 class ReachedRay(Exception):

@@ -150,7 +150,7 @@ def _agent_configs(*overrides: str) -> dict:
     trainer's own offset rule."""
     from mgrpo_verl.trainer.per_agent import _replica_count
 
-    cfg = _compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", *overrides)
+    cfg = _compose("mgrpo_trainer", "task=relay", "actor_rollout_ref.rollout.name=vllm", *overrides)
     ma = parse_multi_agent(cfg)
     configs = {s.name: agent_full_config(cfg, s) for s in ma.local_owners}
     offsets = agents.side_replica_offsets(ma, {n: _replica_count(c) for n, c in configs.items()})
@@ -338,7 +338,7 @@ def _side_configs(role: str, tmp_path) -> dict:
         overrides.append("multi_agent.decoupled.sub_urls.sub=http://127.0.0.1:8470")
     else:
         overrides += ["trainer.val_before_train=false", "trainer.test_freq=-1"]
-    cfg = _compose("mgrpo_trainer", *overrides)
+    cfg = _compose("mgrpo_trainer", "task=relay", *overrides)
     cls = DecoupledMainTrainer if role == "main" else DecoupledSubTrainer
     trainer = object.__new__(cls)  # only what _agent_runtimes reads
     trainer.config, trainer.multi_agent = cfg, parse_multi_agent(cfg)
@@ -361,7 +361,7 @@ def test_decoupled_sides_on_one_host_use_different_sockets(vllm, monkeypatch, ra
 
 
 def test_side_offsets_count_the_other_sides_gpus():
-    cfg = _compose("mgrpo_trainer", "trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4",
+    cfg = _compose("mgrpo_trainer", "task=relay", "trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4",
                    "multi_agent.agents.sub.n_gpus_per_node=4")
     ma = parse_multi_agent(cfg)
     assert agents.side_replica_offsets(ma, {"main": 2, "sub": 2}) == {"main": 0, "sub": 2}  # synchronous: as before
@@ -402,7 +402,7 @@ def test_single_agent_vllm_gets_the_builtin_tokenizer(vllm):
 
 
 def test_each_agents_vllm_server_gets_its_own_tokenizer(vllm, tmp_path):
-    main_tok = _compose("mgrpo_trainer").actor_rollout_ref.model.tokenizer_path
+    main_tok = _compose("mgrpo_trainer", "task=relay").actor_rollout_ref.model.tokenizer_path
     sub_tok = tmp_path / "sub_tokenizer"
     shutil.copytree(main_tok, sub_tok)
     configs = _agent_configs(f"multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path={sub_tok}")
