@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# M-GRPO's claim on CPU: joint M-GRPO vs frozen sub-agent vs single-agent GRPO on the built-in relay task,
-# several seeds, then a results table and a plot of held-out accuracy against step in docs/results/.
+# M-GRPO's claim on CPU: joint M-GRPO vs frozen sub-agent vs shared-reward-only sub-agent vs single-agent
+# GRPO, every variant from the same warm start (task relay_tools: delegation by tool call, docs/warmstart.md),
+# several seeds, then a table and a plot of held-out exact accuracy against step and training time in
+# docs/results/relay_tools_baselines.{md,png}.
 #
-#   bash recipes/relay_baselines.sh                 # 3 variants x 2 seeds x 30 steps (about 1 h on 2 cores)
-#   SEEDS="0 1 2" STEPS=60 bash recipes/relay_baselines.sh
+#   bash recipes/relay_baselines.sh                          # 4 variants x 3 seeds x 12 steps (about 1 h on 2 cores)
+#   SEEDS="0 1" STEPS=30 bash recipes/relay_baselines.sh
+#   TASK=relay bash recipes/relay_baselines.sh               # the forced relay with random tiny models (dense score)
 #
-# Runs are kept in $RUNS (default runs/relay_baselines); finished ones are skipped when re-run.
+# Runs are kept in $RUNS (default runs/<task>_baselines); finished ones are skipped when re-run.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$MGRPO_ROOT"
-RUNS="${RUNS:-runs/relay_baselines}"
-python -m mgrpo_verl.experiments.baselines run --out "$RUNS" --seeds ${SEEDS:-0 1} --steps "${STEPS:-30}" "$@"
-python -m mgrpo_verl.experiments.baselines report --runs "$RUNS" --out docs/results
+TASK="${TASK:-relay_tools}"
+RUNS="${RUNS:-runs/${TASK}_baselines}"
+# shellcheck disable=SC2086
+python -m mgrpo_verl.experiments.baselines run --task "$TASK" --out "$RUNS" --seeds ${SEEDS:-0 1 2} --steps "${STEPS:-12}" --test-freq "${TEST_FREQ:-4}" "$@"
+python -m mgrpo_verl.experiments.baselines report --task "$TASK" --runs "$RUNS" --out docs/results

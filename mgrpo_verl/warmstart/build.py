@@ -28,7 +28,7 @@ from typing import Any, Optional
 from mgrpo_verl.warmstart import demos, sft
 
 #: Bump when the demonstrations, the SFT recipe or the evaluation change: part of every cache key.
-VERSION = "2"
+VERSION = "3"
 
 #: ``sub_model`` value: the sub-agent's SFT starts from the main agent's fine-tuned checkpoint (trained first).
 FROM_MAIN = "main"
@@ -53,7 +53,11 @@ class WarmStartSpec:
     main_model: str = "tiny"
     sub_model: str = FROM_MAIN
     #: SFT steps of the sub-agent (``None``: ``sft.steps``, as the main agent)
-    sub_steps: Optional[int] = 25
+    sub_steps: Optional[int] = 40
+    #: fraction of the sub-agent's demonstrations that report the secret; the others report a stock digit
+    #: (:data:`~mgrpo_verl.warmstart.demos.SUB_FALLBACK_REPORT`): the sub-agent starts unreliable, and only
+    #: training the sub-agent can fix it (docs/warmstart.md, "Leaving room")
+    sub_report_accuracy: float = 0.3
     n_train: int = 256
     n_val: int = 32
     data_seed: int = 0
@@ -188,7 +192,9 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
     """Build everything into ``tmp`` (renamed to ``target`` by the caller); paths in the manifest are final."""
     start = time.monotonic()
     log(f"warm start: demonstrations of {spec.task} ({spec.n_train} train / {spec.n_val} val) -> {tmp / 'data'}")
-    data = demos.write_sft_datasets(tmp / "data", spec.task, spec.n_train, spec.n_val, spec.data_seed)
+    data = demos.write_sft_datasets(
+        tmp / "data", spec.task, spec.n_train, spec.n_val, spec.data_seed, spec.sub_report_accuracy
+    )
     (tmp / "logs").mkdir()
     agents: dict[str, Any] = {}
     for agent in demos.AGENTS:  # main first: the sub-agent may start from its checkpoint

@@ -51,6 +51,12 @@ TASK_PHRASES = (
 #: The agents whose turns are demonstrated, in order.
 AGENTS = ("main", "sub")
 
+#: What the demonstrated sub-agent reports instead of the secret when its demonstration is drawn wrong
+#: (``sub_report_accuracy`` < 1): a stock non-answer, the same for every secret, so the main agent cannot
+#: map it back to the secret and only the sub-agent itself can do better; not a digit, so that RL pushing
+#: it down never pushes down a right answer (docs/warmstart.md, "Leaving room").
+SUB_FALLBACK_REPORT = "?"
+
 
 @dataclass(frozen=True)
 class Episode:
@@ -109,7 +115,16 @@ class RelayToolsDemos:
 
     name = "relay_tools"
 
-    def __init__(self, sub: str = "sub", tool_config_path: str = relay.SUB_TOOL_CONFIG, sub_prompt: str | None = None):
+    def __init__(
+        self,
+        sub: str = "sub",
+        tool_config_path: str = relay.SUB_TOOL_CONFIG,
+        sub_prompt: str | None = None,
+        sub_report_accuracy: float = 1.0,
+    ):
+        """``sub_report_accuracy``: the fraction of the sub-agent's demonstrations whose report is the secret
+        (the others report :data:`SUB_FALLBACK_REPORT`, drawn per episode); the main agent's demonstrations
+        always copy the report they are given. 1 (default): every demonstration is correct."""
         from verl.tools.tool_registry import load_all_tools
 
         from mgrpo_verl.agent_loops.tool_delegation import _DelegationTool
@@ -120,6 +135,9 @@ class RelayToolsDemos:
         if relay.SECRET_TOOL not in self.sub_tools:
             raise ValueError(f"{tool_config_path} gives the sub-agent no {relay.SECRET_TOOL!r} tool")
         self.sub_prompt = relay.load_sub_prompt(sub_prompt)
+        if not 0.0 < float(sub_report_accuracy) <= 1.0:
+            raise ValueError(f"sub_report_accuracy must be in (0, 1], got {sub_report_accuracy!r}")
+        self.sub_report_accuracy = float(sub_report_accuracy)
 
     def main_tools(self) -> list[dict[str, Any]]:
         return [_schema(self.delegation_tool)]
@@ -135,11 +153,13 @@ class RelayToolsDemos:
 
         secret = _run_tool(self.sub_tools[relay.SECRET_TOOL], tools_kwargs, {})
         report = digit  # the sub-agent's last turn: the loop strips it and hands it to the main agent
+        # drawn only when some reports are wrong, so that accuracy 1 draws exactly what it always drew
+        sub_report = report if self.sub_report_accuracy >= 1.0 or rng.random() < self.sub_report_accuracy else SUB_FALLBACK_REPORT
         sub_messages = [
             *self.sub_prompt(self.sub, task),
             tool_call_message(relay.SECRET_TOOL, {}),
             {"role": "tool", "content": secret},
-            {"role": "assistant", "content": report},
+            {"role": "assistant", "content": sub_report},
         ]
         main_messages = [
             *row["prompt"],
@@ -191,12 +211,17 @@ def sft_rows(episodes: list[Episode], agent: str) -> list[dict[str, Any]]:
 
 
 def write_sft_datasets(
-    directory: str | Path, task: str = "relay_tools", n_train: int = 256, n_val: int = 32, seed: int = 0
+    directory: str | Path,
+    task: str = "relay_tools",
+    n_train: int = 256,
+    n_val: int = 32,
+    seed: int = 0,
+    sub_report_accuracy: float = 1.0,
 ) -> dict[str, dict[str, Path]]:
     """Write ``<directory>/<agent>/{train,val}.parquet`` for every agent; returns ``{agent: {split: path}}``."""
     import pandas as pd
 
-    demos = demos_for(task)
+    demos = demos_for(task, sub_report_accuracy=sub_report_accuracy)
     episodes = {"train": demos.episodes(n_train, seed, "train"), "val": demos.episodes(n_val, seed, "val")}
     paths: dict[str, dict[str, Path]] = {}
     for agent in AGENTS:

@@ -4,7 +4,19 @@ import json
 
 import pytest
 
-from mgrpo_verl.experiments.baselines import SUB_KEY, TRAIN_KEY, VAL_KEY, VARIANTS, collect, main, summary_rows
+from mgrpo_verl.experiments.baselines import (
+    STEP_TIME_KEY,
+    SUB_KEY,
+    TRAIN_KEY,
+    VAL_KEYS,
+    VARIANTS,
+    collect,
+    main,
+    summary_rows,
+    wall_times,
+)
+
+EXACT = VAL_KEYS["relay_tools"][0]
 
 
 def _write(run_dir, records, done=True):
@@ -14,16 +26,16 @@ def _write(run_dir, records, done=True):
         (run_dir / "done").write_text("1\n")
 
 
-def _runs(tmp_path):
-    # joint, two seeds: val 0.0 -> 0.5 and 0.0 -> 0.3; main reward at steps 1..4
+def _runs(tmp_path, key=EXACT):
+    # joint, two seeds: val 0.0 -> 0.5 and 0.0 -> 0.3; main reward at steps 1..4, 10 s per step
     for seed, last in ((0, 0.5), (1, 0.3)):
         _write(tmp_path / "joint" / f"seed{seed}", [
-            (0, {VAL_KEY: 0.0}),
-            *[(s, {TRAIN_KEY: 0.1 * s, SUB_KEY: 0.2}) for s in (1, 2, 3, 4)],
-            (4, {VAL_KEY: last}),
+            (0, {key: 0.0}),
+            *[(s, {TRAIN_KEY: 0.1 * s, SUB_KEY: 0.2, STEP_TIME_KEY: 10.0}) for s in (1, 2, 3, 4)],
+            (4, {key: last}),
         ])
-    _write(tmp_path / "frozen" / "seed0", [(0, {VAL_KEY: 0.0}), (4, {VAL_KEY: 0.25}), (4, {TRAIN_KEY: 0.2, SUB_KEY: 0.0})])
-    _write(tmp_path / "single" / "seed0", [(0, {VAL_KEY: 0.1})], done=False)  # unfinished: ignored
+    _write(tmp_path / "frozen" / "seed0", [(0, {key: 0.0}), (4, {key: 0.25}), (4, {TRAIN_KEY: 0.2, SUB_KEY: 0.0})])
+    _write(tmp_path / "single" / "seed0", [(0, {key: 0.1})], done=False)  # unfinished: ignored
     return tmp_path
 
 
@@ -34,17 +46,31 @@ def test_summary_by_hand(tmp_path):
     # last val: mean(0.5, 0.3) = 0.4, unbiased std = sqrt(2 * 0.1**2 / 1) = 0.1414
     assert j["val_first"] == 0.0 and j["val_last"] == pytest.approx(0.4) and j["val_last_std"] == pytest.approx(0.14142, abs=1e-4)
     assert j["val_best"] == pytest.approx(0.4)
-    # last quarter of 4 steps = step 4 only: main reward 0.4, sub 0.2
+    # last quarter of 4 steps = step 4 only: main reward 0.4, sub 0.2; 4 steps x 10 s = 40 s of training
     assert j["train_main"] == pytest.approx(0.4) and j["train_sub"] == pytest.approx(0.2) and j["steps"] == 4
+    assert j["train_seconds"] == pytest.approx(40.0)
     assert rows["frozen"]["val_last"] == 0.25 and rows["frozen"]["seeds"] == 1
+
+
+def test_the_task_picks_the_held_out_metric(tmp_path):
+    # runs that logged the relay's dense score only: read under task=relay, nothing under relay_tools' exact key
+    runs = _runs(tmp_path, key=VAL_KEYS["relay"][0])
+    assert summary_rows(collect(runs, "relay"))[0]["val_last"] == pytest.approx(0.4)
+    assert all(not seed["val"] for variant in collect(runs, "relay_tools").values() for seed in variant.values())
+
+
+def test_wall_time_sums_the_step_times():
+    # steps 1, 2, 3 take 2, 3, 5 s: trained for 2, 5, 10 s at their ends; step 0 (before training) 0 s
+    assert wall_times({STEP_TIME_KEY: {2: 3.0, 1: 2.0, 3: 5.0}}) == {0: 0.0, 1: 2.0, 2: 5.0, 3: 10.0}
 
 
 def test_report_writes_table_and_plot(tmp_path, capsys):
     out = tmp_path / "docs"
-    main(["report", "--runs", str(_runs(tmp_path / "runs")), "--out", str(out)])
-    table = (out / "relay_baselines.md").read_text()
-    assert "| joint | 2 | 4 | 0.000 | 0.400 ± 0.141 |" in table
-    assert (out / "relay_baselines.png").stat().st_size > 1000
+    main(["report", "--task", "relay_tools", "--runs", str(_runs(tmp_path / "runs")), "--out", str(out)])
+    table = (out / "relay_tools_baselines.md").read_text()
+    assert "held-out exact accuracy" in table
+    assert "| joint | 2 | 4 | 40 | 0.000 | 0.400 ± 0.141 |" in table
+    assert (out / "relay_tools_baselines.png").stat().st_size > 1000
     assert "joint" in capsys.readouterr().out
 
 
@@ -57,3 +83,24 @@ def test_every_variant_is_one_switch_of_the_same_config():
     assert VARIANTS["joint"] == ()
     assert "multi_agent.agents.sub.trainable=false" in VARIANTS["frozen"]
     assert "multi_agent.agents.sub.share_model_with=main" in VARIANTS["single"]
+    # shared reward: the sub-agent's effective score is the main agent's score alone (no local term)
+    assert set(VARIANTS["shared_reward"]) == {
+        "multi_agent.mgrpo.sub_reward_local_weight=0", "multi_agent.mgrpo.sub_reward_main_weight=1"
+    }
+
+
+def test_single_agent_on_relay_tools_has_the_sub_agents_tool():
+    """On relay_tools the one shared model plays the sub role with its own (main) config: the variant gives that
+    config the read_secret tool, or no role could read the secret."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from mgrpo_verl.config.resolvers import register_resolvers
+    from mgrpo_verl.experiments.baselines import TASK_VARIANTS
+
+    register_resolvers()
+    overrides = ["task=relay_tools", *VARIANTS["single"], *TASK_VARIANTS["relay_tools"]["single"]]
+    with initialize_config_module("mgrpo_verl.config", version_base=None):
+        cfg = compose("mgrpo_trainer", overrides=overrides)
+    path = OmegaConf.select(cfg, "actor_rollout_ref.rollout.multi_turn.tool_config_path")  # resolves this node only
+    assert path.endswith("relay_sub_tools.yaml") and OmegaConf.select(cfg, "multi_agent.agents.sub.share_model_with") == "main"

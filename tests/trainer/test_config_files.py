@@ -20,12 +20,13 @@ def _compose(name: str, *overrides: str):
         return compose(name, overrides=list(overrides))
 
 
-def test_default_task_is_relay():
-    """The default choice of the ``task`` group of mgrpo_trainer.yaml. Every other test and recipe that relies on
-    the relay names ``task=relay``, so flipping the default (to relay_tools) changes only this test."""
+def test_default_task_is_relay_tools():
+    """The default choice of the ``task`` group of mgrpo_trainer.yaml: delegation by tool call from the warm
+    start. Every test and recipe that relies on the forced relay names ``task=relay``."""
     with initialize_config_module("mgrpo_verl.config", version_base=None):
         cfg = compose("mgrpo_trainer", return_hydra_config=True)
-    assert cfg.hydra.runtime.choices.task == "relay" and cfg.mgrpo_verl.task == "relay"
+    assert cfg.hydra.runtime.choices.task == "relay_tools" and cfg.mgrpo_verl.task == "relay_tools"
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_delegate"
 
 
 def test_relay_config_is_multi_agent_relay():

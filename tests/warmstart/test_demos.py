@@ -187,3 +187,22 @@ def test_each_agents_dataset_holds_only_its_own_turns(sft_files):
 def test_unknown_task_is_refused():
     with pytest.raises(ValueError, match="no demonstrations for task 'echo'"):
         demos.demos_for("echo")
+
+
+def test_sub_report_accuracy_leaves_the_sub_agent_room():
+    """With ``sub_report_accuracy`` q the sub-agent's demonstrated report is the secret in about q of the
+    episodes and the fixed non-answer otherwise; the main agent's demonstrations still copy the secret; q = 1
+    draws exactly the episodes of the default."""
+    noisy = demos.demos_for("relay_tools", sub_report_accuracy=0.3).episodes(200, 0, "train")
+    reports = [e.messages["sub"][-1]["content"] for e in noisy]
+    right = sum(r == e.digit for r, e in zip(reports, noisy))
+    # 200 draws at p = 0.3: mean 60, std 6.5; the draw is seeded, so this count is fixed (58 when written)
+    assert 40 <= right <= 80
+    assert all(r == demos.SUB_FALLBACK_REPORT for r, e in zip(reports, noisy) if r != e.digit)
+    assert not demos.SUB_FALLBACK_REPORT.isdigit()  # pushing it down never pushes down a right answer
+    assert all(e.messages["main"][-1]["content"] == e.digit == e.messages["main"][-2]["content"] for e in noisy)
+    default = demos.demos_for("relay_tools").episodes(20, 0, "train")
+    assert demos.demos_for("relay_tools", sub_report_accuracy=1.0).episodes(20, 0, "train") == default
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="sub_report_accuracy"):
+            demos.demos_for("relay_tools", sub_report_accuracy=bad)

@@ -47,9 +47,9 @@ def test_relay_tools_preset_sets_the_tool_task_and_the_warm_started_models():
     assert set(OmegaConf.to_container(cfg.mgrpo_verl.warmstart).values()) == {None}
 
 
-def test_relay_stays_available_by_name_and_is_the_default_for_now():
+def test_relay_tools_is_the_default_and_relay_stays_available_by_name():
     default, named = _compose(), _compose("task=relay")
-    assert OmegaConf.to_yaml(default) == OmegaConf.to_yaml(named)
+    assert OmegaConf.to_yaml(default) == OmegaConf.to_yaml(_compose("task=relay_tools"))
     assert named.mgrpo_verl.task == "relay" and named.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_relay"
     assert "warmstart" not in named.mgrpo_verl
     assert "mgrpo_warmstart" not in OmegaConf.to_yaml(named)
