@@ -26,6 +26,8 @@ def parse_args(argv=None) -> tuple[WarmStartSpec, argparse.Namespace]:
     p.add_argument("--steps", type=int, default=sft_defaults.steps,
                    help="SFT steps of the main agent (0: none, its base model as it is; the sub-agent's too with --sub-steps 0)")
     p.add_argument("--sub-steps", type=int, default=defaults.sub_steps, help="SFT steps of the sub-agent (0: --steps)")
+    p.add_argument("--main-restart-steps", type=int, default=defaults.main_restart_steps,
+                   help="SFT steps of the main agent after a warm restart (a second run from its checkpoint; 0: none)")
     p.add_argument("--sub-report-accuracy", type=float, default=defaults.sub_report_accuracy,
                    help="fraction of the sub-agent's demonstrations that report the secret (the others a stock digit)")
     p.add_argument("--batch-size", type=int, default=sft_defaults.batch_size)
@@ -43,6 +45,7 @@ def parse_args(argv=None) -> tuple[WarmStartSpec, argparse.Namespace]:
         sub_model=args.sub_model,
         sub_steps=args.sub_steps or None,
         sub_report_accuracy=args.sub_report_accuracy,
+        main_restart_steps=args.main_restart_steps,
         n_train=args.n_train,
         n_val=args.n_val,
         data_seed=args.data_seed,

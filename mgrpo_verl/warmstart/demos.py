@@ -145,16 +145,17 @@ class RelayToolsDemos:
     def sub_tool_schemas(self) -> list[dict[str, Any]]:
         return [_schema(tool) for tool in self.sub_tools.values()]
 
-    def episode(self, row: dict[str, Any], rng: random.Random) -> Episode:
-        """The demonstrated rollout of one dataset row (:func:`relay.build_tool_rows`)."""
+    def episode(self, row: dict[str, Any], rng: random.Random, report_rng: random.Random) -> Episode:
+        """The demonstrated rollout of one dataset row (:func:`relay.build_tool_rows`): the task phrase drawn from
+        ``rng``, whether the sub-agent's report is right from ``report_rng`` (its own stream, so that the main
+        agent's demonstrations do not depend on ``sub_report_accuracy``)."""
         digit = str(row["reward_model"]["ground_truth"])
         tools_kwargs = row["extra_info"]["tools_kwargs"]
         task = rng.choice(TASK_PHRASES)
 
         secret = _run_tool(self.sub_tools[relay.SECRET_TOOL], tools_kwargs, {})
         report = digit  # the sub-agent's last turn: the loop strips it and hands it to the main agent
-        # drawn only when some reports are wrong, so that accuracy 1 draws exactly what it always drew
-        sub_report = report if self.sub_report_accuracy >= 1.0 or rng.random() < self.sub_report_accuracy else SUB_FALLBACK_REPORT
+        sub_report = report if report_rng.random() < self.sub_report_accuracy else SUB_FALLBACK_REPORT
         sub_messages = [
             *self.sub_prompt(self.sub, task),
             tool_call_message(relay.SECRET_TOOL, {}),
@@ -182,8 +183,8 @@ class RelayToolsDemos:
         return relay.build_tool_rows(n, seed, split, self.sub)
 
     def episodes(self, n: int, seed: int, split: str) -> list[Episode]:
-        rng = random.Random(f"warmstart-{seed}-{split}")
-        return [self.episode(row, rng) for row in self.rows(n, seed, split)]
+        rng, report_rng = random.Random(f"warmstart-{seed}-{split}"), random.Random(f"warmstart-report-{seed}-{split}")
+        return [self.episode(row, rng, report_rng) for row in self.rows(n, seed, split)]
 
 
 #: task name -> demonstration builder

@@ -30,7 +30,7 @@ from typing import Optional
 class SFTSettings:
     """What one agent's fine-tuning run varies (everything else is fixed by :func:`overrides`)."""
 
-    steps: int = 800
+    steps: int = 500
     batch_size: int = 16
     lr: float = 5e-3
     seed: int = 0

@@ -196,13 +196,15 @@ def test_sub_report_accuracy_leaves_the_sub_agent_room():
     noisy = demos.demos_for("relay_tools", sub_report_accuracy=0.3).episodes(200, 0, "train")
     reports = [e.messages["sub"][-1]["content"] for e in noisy]
     right = sum(r == e.digit for r, e in zip(reports, noisy))
-    # 200 draws at p = 0.3: mean 60, std 6.5; the draw is seeded, so this count is fixed (58 when written)
+    # 200 draws at p = 0.3: mean 60, std 6.5; the draw is seeded, so this count is fixed (53 when written)
     assert 40 <= right <= 80
     assert all(r == demos.SUB_FALLBACK_REPORT for r, e in zip(reports, noisy) if r != e.digit)
     assert not demos.SUB_FALLBACK_REPORT.isdigit()  # pushing it down never pushes down a right answer
     assert all(e.messages["main"][-1]["content"] == e.digit == e.messages["main"][-2]["content"] for e in noisy)
-    default = demos.demos_for("relay_tools").episodes(20, 0, "train")
-    assert demos.demos_for("relay_tools", sub_report_accuracy=1.0).episodes(20, 0, "train") == default
+    # the report is drawn from its own stream: the main agent's demonstrations do not depend on the accuracy
+    exact = demos.demos_for("relay_tools").episodes(200, 0, "train")
+    assert [e.messages["main"] for e in noisy] == [e.messages["main"] for e in exact]
+    assert all(e.messages["sub"][-1]["content"] == e.digit for e in exact)
     for bad in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="sub_report_accuracy"):
             demos.demos_for("relay_tools", sub_report_accuracy=bad)

@@ -16,7 +16,8 @@ from mgrpo_verl.warmstart import build, demos, sft
 from mgrpo_verl.warmstart.__main__ import main as cli_main
 from mgrpo_verl.warmstart.__main__ import parse_args
 
-ARGS = ["--n-train", "8", "--n-val", "4", "--steps", "2", "--sub-steps", "2", "--batch-size", "4", "--n-eval", "2"]
+ARGS = ["--n-train", "8", "--n-val", "4", "--steps", "2", "--main-restart-steps", "2", "--sub-steps", "2", "--batch-size", "4",
+        "--n-eval", "2"]
 
 
 def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, capsys, monkeypatch):
@@ -37,9 +38,15 @@ def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, cap
         for agent in demos.AGENTS:
             info = manifest["agents"][agent]
             assert info["base_model"] == base[agent] and info["checkpoint"] == str(published / agent)
-            assert info["sft_steps"] == 2
+            assert info["sft_steps"] == 2 and info["restart_steps"] == (2 if agent == "main" else 0)
             assert info["first_loss"] > 0 and info["final_loss"] > 0 and info["val_loss"] > 0
             assert (published / "logs" / f"sft_{agent}.log").is_file()
+            # the main agent's warm restart: a second verl SFT run, its steps appended to the first run's metrics
+            if agent == "main":
+                assert (published / "logs" / "sft_main_restart.log").is_file()
+                steps = [json.loads(line)["step"] for line in (published / "logs" / "sft_main_metrics.jsonl").read_text().splitlines()
+                         if "train/loss" in json.loads(line)["data"]]
+                assert steps == [1, 2, 1, 2]
             ckpt = published / agent
             for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
                 assert (ckpt / name).is_file(), name
