@@ -5,7 +5,7 @@
 # RL_STEPS set, M-GRPO from the warm-started models (main_ppo task=relay_tools with these checkpoints).
 # `python -m mgrpo_verl.main_ppo task=relay_tools` does both for the default settings. docs/warmstart.md.
 #
-#   bash recipes/warmstart.sh                        # warm start only (about 6.5 min on 2 cores, then cached)
+#   bash recipes/warmstart.sh                        # warm start only (10-20 min on 2 cores, then cached)
 #   bash recipes/warmstart.sh --steps 300 --lr 3e-3  # other SFT settings (another cache entry)
 #   RL_STEPS=20 bash recipes/warmstart.sh            # then 20 steps of M-GRPO from it
 #
