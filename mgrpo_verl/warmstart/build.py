@@ -59,9 +59,9 @@ class WarmStartSpec:
     #: (optimizer state and lr warm-up afresh); 0: none. Measured: 500 + 300 steps copy all ten digits, 800
     #: steps in one run seven, 500 five (docs/warmstart.md, version 3)
     main_restart_steps: int = 300
-    #: fraction of the sub-agent's demonstrations that report the secret; the others report a stock digit
-    #: (:data:`~mgrpo_verl.warmstart.demos.SUB_FALLBACK_REPORT`): the sub-agent starts unreliable, and only
-    #: training the sub-agent can fix it (docs/warmstart.md, "Leaving room")
+    #: fraction of the sub-agent's demonstrations that report the secret; the others report the stock
+    #: non-answer :data:`~mgrpo_verl.warmstart.demos.SUB_FALLBACK_REPORT`: the sub-agent starts unreliable,
+    #: and only training the sub-agent can fix it (docs/warmstart.md, version 3)
     sub_report_accuracy: float = 0.3
     n_train: int = 256
     n_val: int = 32

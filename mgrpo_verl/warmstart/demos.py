@@ -54,7 +54,7 @@ AGENTS = ("main", "sub")
 #: What the demonstrated sub-agent reports instead of the secret when its demonstration is drawn wrong
 #: (``sub_report_accuracy`` < 1): a stock non-answer, the same for every secret, so the main agent cannot
 #: map it back to the secret and only the sub-agent itself can do better; not a digit, so that RL pushing
-#: it down never pushes down a right answer (docs/warmstart.md, "Leaving room").
+#: it down never pushes down a right answer (docs/warmstart.md, version 3).
 SUB_FALLBACK_REPORT = "?"
 
 
