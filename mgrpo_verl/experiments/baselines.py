@@ -187,14 +187,15 @@ def plot(results: dict, path: Path, label: str, title: str) -> None:
     for i, (variant, seeds) in enumerate(results.items()):
         color = f"C{i}"
         runs = [s for s in seeds.values() if s[VAL]]
-        for s in runs:
-            steps, times = sorted(s[VAL]), wall_times(s)
+        times = [wall_times(s) for s in runs]
+        for s, t in zip(runs, times):
+            steps = sorted(s[VAL])
             by_step.plot(steps, [s[VAL][k] for k in steps], color=color, alpha=0.3, linewidth=1)
-            by_time.plot([times.get(k, math.nan) for k in steps], [s[VAL][k] for k in steps], color=color, alpha=0.3, linewidth=1)
+            by_time.plot([t.get(k, math.nan) for k in steps], [s[VAL][k] for k in steps], color=color, alpha=0.3, linewidth=1)
         common = sorted(set.intersection(*(set(s[VAL]) for s in runs))) if runs else []
         mean = [_mean([s[VAL][k] for s in runs]) for k in common]
         by_step.plot(common, mean, color=color, linewidth=2.5, marker="o", label=f"{variant} (mean of {len(runs)})")
-        mean_time = [_mean([wall_times(s).get(k, math.nan) for s in runs]) for k in common]
+        mean_time = [_mean([t.get(k, math.nan) for t in times]) for k in common]
         by_time.plot(mean_time, mean, color=color, linewidth=2.5, marker="o")
     by_step.set_xlabel("training step")
     by_time.set_xlabel("training time (s, sum of step times; start-up and validation excluded)")

@@ -208,19 +208,22 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
         if agent == "sub" and spec.sub_model == FROM_MAIN:
             model_dir, tokenizer_dir, base_label = str(tmp / "main"), str(tmp / "main"), str(target / "main")
         settings = agent_settings(spec, agent)
-        run_dir = tmp / "sft" / agent
         if settings.steps > 0:
             log(f"warm start: verl SFT of {agent} from {base_label} ({settings.steps} steps, batch {settings.batch_size}, "
                 f"lr {settings.lr}) ...")  # fmt: skip
         else:
             log(f"warm start: {agent} is {base_label} as it is (0 SFT steps)")
-        if settings.steps > 0:
-            checkpoint, seconds = sft.train(
-                model_dir, tokenizer_dir, data[agent]["train"], data[agent]["val"], run_dir, settings,
-                tmp / "logs" / f"sft_{agent}.log", spec.device,
+        def fine_tune(source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str) -> tuple[float, str]:
+            """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
+            checkpoint, run_seconds = sft.train(
+                source_dir, source_tokenizer, data[agent]["train"], data[agent]["val"], tmp / "sft" / name, run_settings,
+                tmp / "logs" / f"sft_{name}.log", spec.device,
             )  # fmt: skip
             sft.publish(checkpoint, tmp / agent, model_dir)
-            metrics_text = (run_dir / "metrics.jsonl").read_text()
+            return run_seconds, (tmp / "sft" / name / "metrics.jsonl").read_text()
+
+        if settings.steps > 0:
+            seconds, metrics_text = fine_tune(model_dir, tokenizer_dir, settings, agent)
         else:  # no fine-tuning: the base model as it is (e.g. an earlier warm start's main agent)
             seconds, metrics_text = 0.0, ""
             sft.publish_base(model_dir, tokenizer_dir, tmp / agent)
@@ -230,14 +233,9 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
             log(f"warm start: verl SFT of main, warm restart ({spec.main_restart_steps} steps) ...")
             first = tmp / "main_before_restart"
             (tmp / agent).rename(first)
-            checkpoint, more = sft.train(
-                str(first), str(first), data[agent]["train"], data[agent]["val"], tmp / "sft" / "main_restart",
-                replace(settings, steps=spec.main_restart_steps), tmp / "logs" / "sft_main_restart.log", spec.device,
-            )  # fmt: skip
-            sft.publish(checkpoint, tmp / agent, model_dir)
+            more, more_metrics = fine_tune(str(first), str(first), replace(settings, steps=spec.main_restart_steps), "main_restart")
             shutil.rmtree(first)
-            seconds += more
-            metrics_text += (tmp / "sft" / "main_restart" / "metrics.jsonl").read_text()
+            seconds, metrics_text = seconds + more, metrics_text + more_metrics
         metrics = [json.loads(line) for line in metrics_text.splitlines() if line.strip()]
         (tmp / "logs" / f"sft_{agent}_metrics.jsonl").write_text(metrics_text)
         losses = [m["data"]["train/loss"] for m in metrics if "train/loss" in m.get("data", {})]
