@@ -82,8 +82,10 @@ class WarmStart:
     manifest: dict[str, Any]
 
     def main_ppo_overrides(self) -> list[str]:
-        """Hydra overrides of ``python -m mgrpo_verl.main_ppo`` that start RL from these checkpoints."""
-        return list(self.manifest["main_ppo_overrides"])
+        """Hydra overrides of ``python -m mgrpo_verl.main_ppo`` that start RL from these checkpoints: the
+        manifest's preset with the checkpoints where they are now (a cache copied to another machine moves)."""
+        preset = self.manifest["main_ppo_overrides"][0]
+        return [preset, f"actor_rollout_ref.model.path={self.main}", f"multi_agent.agents.sub.actor_rollout_ref.model.path={self.sub}"]
 
     def main_ppo_command(self) -> str:
         """The shell command (quoted) of :meth:`main_ppo_overrides`."""
@@ -197,9 +199,7 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
     """Build everything into ``tmp`` (renamed to ``target`` by the caller); paths in the manifest are final."""
     start = time.monotonic()
     log(f"warm start: demonstrations of {spec.task} ({spec.n_train} train / {spec.n_val} val) -> {tmp / 'data'}")
-    data = demos.write_sft_datasets(
-        tmp / "data", spec.task, spec.n_train, spec.n_val, spec.data_seed, spec.sub_report_accuracy
-    )
+    data = demos.write_sft_datasets(tmp / "data", spec.task, spec.n_train, spec.n_val, spec.data_seed, spec.sub_report_accuracy)
     (tmp / "logs").mkdir()
     agents: dict[str, Any] = {}
     for agent in demos.AGENTS:  # main first: the sub-agent may start from its checkpoint
@@ -213,6 +213,7 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
                 f"lr {settings.lr}) ...")  # fmt: skip
         else:
             log(f"warm start: {agent} is {base_label} as it is (0 SFT steps)")
+
         def fine_tune(source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str) -> tuple[float, str]:
             """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
             checkpoint, run_seconds = sft.train(

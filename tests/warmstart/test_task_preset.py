@@ -77,9 +77,11 @@ def test_the_resolver_builds_the_spec_of_the_config(monkeypatch, tmp_path):
 def test_a_warm_starts_overrides_are_the_preset_and_its_checkpoints(tmp_path, cache_dir):
     """``python -m mgrpo_verl.warmstart --overrides``: ``task=relay_tools`` with the model paths of that warm
     start, which replace the preset's resolver (nothing is built when the config resolves)."""
+    # the manifest was written where the warm start was built; the cache was copied here since (the GPU
+    # machine gets it carried): the overrides name the checkpoints where they are now
     ws = build.WarmStart(tmp_path, tmp_path / "main", tmp_path / "sub", {"main_ppo_overrides": [
-        build.PRESETS["relay_tools"], f"actor_rollout_ref.model.path={tmp_path / 'main'}",
-        f"multi_agent.agents.sub.actor_rollout_ref.model.path={tmp_path / 'sub'}"]})  # fmt: skip
+        build.PRESETS["relay_tools"], "actor_rollout_ref.model.path=/elsewhere/main",
+        "multi_agent.agents.sub.actor_rollout_ref.model.path=/elsewhere/sub"]})  # fmt: skip
     from mgrpo_verl.platform.ray_session import patched_environ
 
     cfg = _compose(*ws.main_ppo_overrides())
