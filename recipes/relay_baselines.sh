@@ -4,7 +4,7 @@
 # several seeds, then a table and a plot of held-out exact accuracy against step and training time in
 # docs/results/relay_tools_baselines.{md,png}.
 #
-#   bash recipes/relay_baselines.sh                          # 4 variants x 3 seeds x 12 steps (about 1 h on 2 cores)
+#   bash recipes/relay_baselines.sh                          # 4 variants x 3 seeds x 20 steps, validation every 5 (about 1 h on 2 cores)
 #   SEEDS="0 1" STEPS=30 bash recipes/relay_baselines.sh
 #   TASK=relay bash recipes/relay_baselines.sh               # the forced relay with random tiny models (dense score)
 #
@@ -15,5 +15,5 @@ cd "$MGRPO_ROOT"
 TASK="${TASK:-relay_tools}"
 RUNS="${RUNS:-runs/${TASK}_baselines}"
 # shellcheck disable=SC2086
-python -m mgrpo_verl.experiments.baselines run --task "$TASK" --out "$RUNS" --seeds ${SEEDS:-0 1 2} --steps "${STEPS:-12}" --test-freq "${TEST_FREQ:-4}" "$@"
+python -m mgrpo_verl.experiments.baselines run --task "$TASK" --out "$RUNS" --seeds ${SEEDS:-0 1 2} --steps "${STEPS:-20}" --test-freq "${TEST_FREQ:-5}" "$@"
 python -m mgrpo_verl.experiments.baselines report --task "$TASK" --runs "$RUNS" --out docs/results
