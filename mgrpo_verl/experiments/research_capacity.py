@@ -79,28 +79,29 @@ def parse_shape(shape: str) -> dict[str, int]:
             "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2)}  # fmt: skip
 
 
-def run_shape(shape: str, data: dict[str, list[dict[str, Any]]], seconds: float, max_steps: int, eval_every: int,
-              batch: int, lr: float, seed: int, log=print) -> dict[str, Any]:  # fmt: skip
+def encode(tok: Any, row: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """A row's prompt ids (the chat template with the generation prompt) and target ids (ending with ``<|im_end|>``)."""
+    from mgrpo_verl.models.tiny import IM_END
+
+    prompt = tok.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
+    target = tok(row["target"], add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(IM_END)]
+    return tok(prompt, add_special_tokens=False)["input_ids"], target
+
+
+def run_shape(shape: str, tok: Any, data: dict[str, list[dict[str, Any]]], seconds: float, max_steps: int,
+              eval_every: int, batch: int, lr: float, seed: int, log=print) -> dict[str, Any]:  # fmt: skip
     """Train a fresh model of ``shape`` for ``seconds`` (evaluation not counted) or ``max_steps`` updates,
     whichever ends first; the curve of held-out
     greedy token F1 / exact match (:mod:`mgrpo_verl.envs.research.rewards`) against training time."""
     import torch
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     from mgrpo_verl.envs.research import rewards
-    from mgrpo_verl.models.tiny import ENDOFTEXT, IM_END, build_tiny_tokenizer, tiny_qwen2_config
+    from mgrpo_verl.models.tiny import ENDOFTEXT, IM_END, tiny_qwen2_config
 
-    tok = AutoTokenizer.from_pretrained(build_tiny_tokenizer())
     eos, pad = tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)
-
-    def encode(row):
-        prompt = tok.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=False)
-        p = tok(prompt, add_special_tokens=False)["input_ids"]
-        t = tok(row["target"], add_special_tokens=False)["input_ids"] + [eos]
-        return p, t
-
-    train = [encode(r) for r in data["train"]]
-    val = [(encode(r)[0], r["answers"]) for r in data["val"]]
+    train = [encode(tok, r) for r in data["train"]]
+    val = [(encode(tok, r)[0], r["answers"]) for r in data["val"]]
     torch.manual_seed(seed)
     config = tiny_qwen2_config(len(tok), bos_token_id=None, eos_token_id=eos, pad_token_id=pad, **parse_shape(shape))
     model = Qwen2ForCausalLM(config).float()
@@ -196,15 +197,15 @@ def main(argv: list[str] | None = None) -> None:
     from mgrpo_verl.models.tiny import build_tiny_tokenizer
 
     tok = AutoTokenizer.from_pretrained(build_tiny_tokenizer())
-    prompt_lens = sorted(len(tok(tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False))["input_ids"])
-                         for r in data["val"])  # fmt: skip
-    target_lens = sorted(len(tok(r["target"])["input_ids"]) for r in data["val"])
+    encoded = [encode(tok, r) for r in data["val"]]
+    # the target's length counts its text, not the end token encode() appends
+    prompt_lens, target_lens = sorted(len(p) for p, _ in encoded), sorted(len(t) - 1 for _, t in encoded)
     setting = {**{k: getattr(args, k) for k in ("n_train", "n_val", "batch", "lr", "seconds", "seed", "evidence")},
                "answer_in_prompt_val": sum(r["answer_in_prompt"] for r in data["val"]) / len(data["val"]),
                "median_prompt_tokens": prompt_lens[len(prompt_lens) // 2],
                "median_target_tokens": target_lens[len(target_lens) // 2]}  # fmt: skip
     print(f"research capacity probe: {json.dumps(setting)}")
-    shapes = [run_shape(s, data, args.seconds, args.steps, args.eval_every, args.batch, args.lr, args.seed) for s in args.shapes]
+    shapes = [run_shape(s, tok, data, args.seconds, args.steps, args.eval_every, args.batch, args.lr, args.seed) for s in args.shapes]
     results = {"setting": setting, "shapes": shapes}
     print(report(results))
     if args.out:

@@ -84,14 +84,18 @@ class WarmStart:
     def main_ppo_overrides(self) -> list[str]:
         """Hydra overrides of ``python -m mgrpo_verl.main_ppo`` that start RL from these checkpoints: the
         manifest's preset with the checkpoints where they are now (a cache copied to another machine moves)."""
-        preset = self.manifest["main_ppo_overrides"][0]
-        return [preset, f"actor_rollout_ref.model.path={self.main}", f"multi_agent.agents.sub.actor_rollout_ref.model.path={self.sub}"]
+        return _main_ppo_overrides(self.manifest["main_ppo_overrides"][0], self.main, self.sub)
 
     def main_ppo_command(self) -> str:
         """The shell command (quoted) of :meth:`main_ppo_overrides`."""
         import shlex
 
         return " \\\n    ".join(["python -m mgrpo_verl.main_ppo", *map(shlex.quote, self.main_ppo_overrides())])
+
+
+def _main_ppo_overrides(preset: str, main: Path, sub: Path) -> list[str]:
+    """The task's preset and the two checkpoints as Hydra overrides of ``main_ppo``."""
+    return [preset, f"actor_rollout_ref.model.path={main}", f"multi_agent.agents.sub.actor_rollout_ref.model.path={sub}"]
 
 
 def spec_from_settings(task: str, settings: dict[str, Any]) -> WarmStartSpec:
@@ -274,10 +278,6 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
         "agents": agents,
         "evaluation": evaluation,
         "seconds": round(time.monotonic() - start, 1),
-        "main_ppo_overrides": [
-            PRESETS[spec.task],
-            f"actor_rollout_ref.model.path={target / 'main'}",
-            f"multi_agent.agents.sub.actor_rollout_ref.model.path={target / 'sub'}",
-        ],
+        "main_ppo_overrides": _main_ppo_overrides(PRESETS[spec.task], target / "main", target / "sub"),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
