@@ -30,7 +30,13 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mgrpo_verl.config.resolvers import register_resolvers, trainer_mode, uses_cpu
-from mgrpo_verl.trainer.multi_agent_config import check_model_paths, check_rollout_n, multi_agent_enabled, parse_multi_agent
+from mgrpo_verl.trainer.multi_agent_config import (
+    agent_full_config,
+    check_model_paths,
+    check_rollout_n,
+    multi_agent_enabled,
+    parse_multi_agent,
+)
 from mgrpo_verl.trainer.memory import preflight
 
 register_resolvers()
@@ -160,36 +166,37 @@ VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def check_vllm_on_cpu(config: DictConfig) -> None:
-    """Before Ray starts, for every agent (and the top level) whose rollout is vLLM on the CPU platform: sleep
-    mode off (vLLM has none on CPU; its engine refuses it in the server's log) and a model whose attention head
-    size vLLM's CPU attention serves (it fails at the first request otherwise). ``+preset=vllm_cpu`` sets both."""
-    top = "actor_rollout_ref"
-    prefixes = [top]
+    """Before Ray starts, for the run's config and (multi-agent) each model owner's full config
+    (:func:`agent_full_config`) whose rollout is vLLM on the CPU platform: sleep mode off (vLLM has none on CPU;
+    its engine refuses it in the server's log) and a model whose attention head size vLLM's CPU attention serves
+    (it fails at the first request otherwise). ``+preset=vllm_cpu`` sets both. Errors name the key that set the
+    value: the agent's override where it has one, else the top level."""
+    fulls = {None: config}
     if multi_agent_enabled(config):
-        agents = OmegaConf.select(config, "multi_agent.agents", default=None) or {}
-        prefixes += [f"multi_agent.agents.{name}.actor_rollout_ref" for name in agents]
-    for prefix in prefixes:
-        def value(leaf: str, prefix: str = prefix) -> tuple[str, Any]:
-            key = f"{prefix}.{leaf}"
-            found = OmegaConf.select(config, key, default=None)
-            return (key, found) if found is not None else (f"{top}.{leaf}", OmegaConf.select(config, f"{top}.{leaf}", default=None))
+        fulls.update({spec.name: agent_full_config(config, spec) for spec in parse_multi_agent(config).model_owners
+                      if spec.actor_rollout_ref})  # fmt: skip
+    for agent, full in fulls.items():
+        def key(leaf: str, agent: str | None = agent) -> str:
+            override = f"multi_agent.agents.{agent}.{leaf}"
+            return override if agent and OmegaConf.select(config, override, default=None) is not None else leaf
 
-        if value("rollout.name")[1] != "vllm":
+        if OmegaConf.select(full, "actor_rollout_ref.rollout.name", default=None) != "vllm":
             continue
-        key, sleep = value("rollout.enable_sleep_mode")
+        sleep = OmegaConf.select(full, "actor_rollout_ref.rollout.enable_sleep_mode", default=None)
         if sleep is None or sleep:  # verl's default is True
-            raise ValueError(f"{key} is {sleep if sleep is not None else 'unset (verl: true)'}, but vLLM has no sleep mode "
+            raise ValueError(f"{key('actor_rollout_ref.rollout.enable_sleep_mode')} is "
+                             f"{sleep if sleep is not None else 'unset (verl: true)'}, but vLLM has no sleep mode "
                              f"on CPU: set it to false (+preset=vllm_cpu does, docs/cpu.md \"vLLM on CPU\")")
-        key, path = value("model.path")
+        path = OmegaConf.select(full, "actor_rollout_ref.model.path", default=None)
         config_file = Path(str(path)) / "config.json"
         if path is None or not config_file.is_file():
             continue  # a hub name or a missing folder: check_model_paths reports it
         model = json.loads(config_file.read_text())
         head = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
         if head not in VLLM_CPU_HEAD_SIZES:
-            raise ValueError(f"{key}={path}: attention heads of {head} dimensions, which vLLM's CPU attention does not "
-                             f"serve (it serves {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); the built-in tiny_h32 / "
-                             f"tiny_h32_sub models are tiny with heads of 32 (+preset=vllm_cpu uses them)")
+            raise ValueError(f"{key('actor_rollout_ref.model.path')}={path}: attention heads of {head} dimensions, which "
+                             f"vLLM's CPU attention does not serve (it serves {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); "
+                             f"the built-in tiny_h32 / tiny_h32_sub models are tiny with heads of 32 (+preset=vllm_cpu uses them)")
 
 
 def run(config: DictConfig) -> dict[str, Any]:
