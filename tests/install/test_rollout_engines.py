@@ -9,15 +9,23 @@ import types
 import pytest
 import ray
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 
 import mgrpo_verl.main_ppo
-from mgrpo_verl.main_ppo import check_rollout_engines, run
+from mgrpo_verl.main_ppo import check_rollout_engines, check_vllm_on_cpu, run
 
 
 def _compose(name: str, *overrides: str):
     task = ["task=relay"] if name == "mgrpo_trainer" else []  # named, whatever the default task
     with initialize_config_module("mgrpo_verl.config", version_base=None):
         return compose(name, overrides=[*task, *overrides])
+
+
+def _resolved(name: str, *overrides: str):
+    """The config as ``run`` checks it for vLLM on CPU: composed, then resolved."""
+    config = _compose(name, *overrides)
+    OmegaConf.resolve(config)
+    return config
 
 
 def _installed(monkeypatch, module: str, distribution: bool = True) -> None:
@@ -79,19 +87,29 @@ def test_vllm_module_without_a_vllm_distribution_is_refused(monkeypatch):
         check_rollout_engines(_compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=accelerator"))
 
 
-def test_vllm_on_cpu_needs_sleep_mode_off_and_heads_vllm_serves(monkeypatch):
+def test_vllm_on_cpu_needs_sleep_mode_off_and_heads_vllm_serves():
     """On CPU: verl's default sleep mode, then the default tiny model's heads of 16, are refused naming the key;
-    the preset passes, and so does the same run on an accelerator (neither limit applies there)."""
-    _installed(monkeypatch, "vllm")
+    the preset passes. (``run`` checks neither limit on an accelerator.)"""
     with pytest.raises(ValueError, match=r"^actor_rollout_ref\.rollout\.enable_sleep_mode is unset \(verl: true\), but vLLM "
                                          r"has no sleep mode on CPU"):
-        check_rollout_engines(_compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=cpu"))
+        check_vllm_on_cpu(_resolved("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=cpu"))
     with pytest.raises(ValueError, match=r"^multi_agent\.agents\.sub\.actor_rollout_ref\.model\.path=.*tiny-qwen2-.*: attention "
                                          r"heads of 16 dimensions, which vLLM's CPU attention does not serve"):
-        check_rollout_engines(_compose("mgrpo_trainer", "+preset=vllm_cpu",
-                                       "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_sub}"))
-    check_rollout_engines(_compose("mgrpo_trainer", "+preset=vllm_cpu"))
-    check_rollout_engines(_compose("mgrpo_trainer", "actor_rollout_ref.rollout.name=vllm", "mgrpo_verl.device=accelerator"))
+        check_vllm_on_cpu(_resolved("mgrpo_trainer", "+preset=vllm_cpu",
+                                    "multi_agent.agents.sub.actor_rollout_ref.model.path=${mgrpo_model:tiny_sub}"))
+    check_vllm_on_cpu(_resolved("mgrpo_trainer", "+preset=vllm_cpu"))
+
+
+def test_vllm_on_cpu_check_follows_an_agent_override_that_interpolates_a_top_level_key():
+    """Two LoRA agents on one base: the sub-agent's ``model.path: ${actor_rollout_ref.model.path}`` resolves in
+    the run's config; merged into the agent's own config unresolved it would point at itself (CI of stop 26
+    failed so: 'Recursive interpolation detected' for every LoRA run on CPU). The shared base with heads of 16
+    is refused; with the tiny_h32 base the same layout passes."""
+    lora = ("actor_rollout_ref.model.lora_rank=4", "multi_agent.agents.sub.actor_rollout_ref.model.path=${actor_rollout_ref.model.path}",
+            "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}")
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.model\.path=.*tiny-qwen2-.*: attention heads of 16 dimensions"):
+        check_vllm_on_cpu(_resolved("mgrpo_trainer", "+preset=vllm_cpu", "mgrpo_verl.model=tiny", *lora))
+    check_vllm_on_cpu(_resolved("mgrpo_trainer", "+preset=vllm_cpu", *lora))
 
 
 def test_agent_overrides_are_not_checked_when_multi_agent_is_off():

@@ -99,6 +99,15 @@ def test_default_config_reaches_ray(run):
     assert seconds < BOUND_S
 
 
+def test_lora_agents_on_one_interpolated_base_reach_ray(run):
+    """The sub-agent's base written as ``${actor_rollout_ref.model.path}`` (two adapters, one base) passes every
+    check; checked unresolved, one pre-flight found it recursive (CI of stop 26)."""
+    err, _ = run("actor_rollout_ref.model.lora_rank=4",
+                 "multi_agent.agents.sub.actor_rollout_ref.model.path=${actor_rollout_ref.model.path}",
+                 "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}")
+    assert isinstance(err, ReachedRay), err
+
+
 def test_missing_model_path(run):
     _refused(run, "actor_rollout_ref.model.path=/nonexistent/model",
              names=("actor_rollout_ref.model.path", "/nonexistent/model", "no such local path"))
