@@ -10,9 +10,11 @@ gives it a :class:`MultiAgentLLMClient` instead:
 * ``for_agent(name)`` returns the client of any agent, which our delegation loops use to route a
   sub-agent's generations to that sub-agent's own servers.
 
-The main route is the base class's ``generate``: behaviour that a *subclass* of the main client adds
-(e.g. ``FullyAsyncLLMServerClient``'s retry while the balancer is empty) is not inherited by it; use
-``for_agent(main)`` to reach the main client itself.
+``generate`` is the main agent's own client's: what that client adds reaches the main agent's requests too
+(a LoRA agent on a shared engine names its adapter, ``AdapterLLMServerClient``; verl's
+``FullyAsyncLLMServerClient`` retries while the balancer is empty). Until 2026-11-26 it was the base class's
+``generate`` with the main client's config, so the main agent's requests on a shared LoRA engine named no
+adapter and the HF engine generated them with the bare base.
 
 Picklable (it is shipped to the Ray agent-loop workers): it holds only the clients (each a config and a
 Ray actor handle, which verl already ships) and the main agent's name.
@@ -49,6 +51,10 @@ class MultiAgentLLMClient(LLMServerClient):
         super().__init__(config=main_client.config, load_balancer_handle=getattr(main_client, "_load_balancer", None))
         self._clients = clients
         self.main = main
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        """The main agent's generation, by its own client."""
+        return await self._clients[self.main].generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
 
     @property
     def agents(self) -> tuple[str, ...]:

@@ -35,7 +35,7 @@ class FakeServer:
         self.token = token
 
     async def _generate(self, **kwargs):
-        return TokenOutput(token_ids=[self.token], extra_fields={"global_steps": 5})
+        return TokenOutput(token_ids=[self.token], extra_fields={"global_steps": 5, "lora_name": kwargs.get("lora_name")})
 
     @property
     def generate(self):
@@ -86,6 +86,22 @@ def test_generate_goes_to_main_and_for_agent_to_each_agent(multi):
     assert out.extra_fields["min_global_steps"] == out.extra_fields["max_global_steps"] == 5  # verl's generate ran
     assert _generate(multi.for_agent("sub")).token_ids == [22]
     assert _generate(multi.for_agent("main")).token_ids == [11]
+
+
+def test_main_route_is_the_main_clients_own_generate():
+    """Two LoRA agents on one shared engine: each client names its agent's adapter (AdapterLLMServerClient), and
+    the default route (what the main agent's turns use) must name main's, not none (the engine would generate
+    with the bare base, as it did before 2026-11-26)."""
+    from mgrpo_verl.hf_rollout.adapters import AdapterLLMServerClient
+
+    def adapter(name):
+        plain = _client(name, 7)
+        return AdapterLLMServerClient(config=plain.config, load_balancer_handle=plain._load_balancer, lora_name=name)
+
+    multi = MultiAgentLLMClient({"main": adapter("main"), "sub": adapter("sub")}, main="main")
+    assert _generate(multi).extra_fields["lora_name"] == "main"
+    assert _generate(multi.for_agent("sub")).extra_fields["lora_name"] == "sub"
+    assert _generate(pickle.loads(pickle.dumps(multi))).extra_fields["lora_name"] == "main"
 
 
 def test_unknown_agent_and_bad_construction(multi):
