@@ -37,6 +37,8 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.rollout.replica import RolloutMode, get_rollout_replica_class
 
+from mgrpo_verl.trainer.lora import VLLM_ADAPTERS_KEY
+
 if TYPE_CHECKING:
     from mgrpo_verl.config.schema import MultiAgentConfig
 
@@ -52,9 +54,9 @@ def replica_offset(rollout_config: Any) -> int:
     return int(custom.get(REPLICA_OFFSET_KEY, 0))
 
 
-def offset_rollout_adapter(rollout: BaseRollout, offset: int) -> BaseRollout:
-    """verl's rollout adapter ``rollout``, built again by its own class for replica ``rollout.replica_rank +
-    offset``; ``rollout`` itself when ``offset`` is 0.
+def offset_rollout_adapter(rollout: BaseRollout, offset: int, cls: type[BaseRollout] | None = None) -> BaseRollout:
+    """verl's rollout adapter ``rollout``, built again by its own class (or ``cls``, a subclass) for replica
+    ``rollout.replica_rank + offset``; ``rollout`` itself when ``offset`` is 0 and no ``cls`` is given.
 
     verl builds the adapter with the rank local to the agent's worker group (``RANK // replica size``) and
     derives from it, inside the constructor, every name that must match the agent's replica: the server
@@ -63,10 +65,10 @@ def offset_rollout_adapter(rollout: BaseRollout, offset: int) -> BaseRollout:
     all of them consistent without knowing which attributes depend on it. ``RuntimeError`` when the class
     ignores the argument (TRT-LLM's hybrid adapter takes the rank from its device mesh).
     """
-    if not offset:
+    if not offset and cls is None:
         return rollout
     wanted = rollout.replica_rank + offset
-    rebuilt = type(rollout)(
+    rebuilt = (cls or type(rollout))(
         config=rollout.config, model_config=rollout.model_config, device_mesh=rollout.device_mesh, replica_rank=wanted
     )
     if rebuilt.replica_rank != wanted:
@@ -77,15 +79,24 @@ def offset_rollout_adapter(rollout: BaseRollout, offset: int) -> BaseRollout:
     return rebuilt
 
 
+def _shares_vllm_engine(rollout_config: Any) -> bool:
+    """Whether the agent is a LoRA agent on a shared vLLM engine (``mgrpo_verl/vllm_lora.py``)."""
+    return rollout_config.get("name") == "vllm" and VLLM_ADAPTERS_KEY in (rollout_config.get("custom") or {})
+
+
 class AgentActorRolloutRefWorker(ActorRolloutRefWorker):
     """verl's hybrid worker whose rollout adapter addresses the agent's offset replica rank
-    (:func:`offset_rollout_adapter`)."""
+    (:func:`offset_rollout_adapter`); a LoRA agent on a shared vLLM engine gets the adapter that names its
+    LoRA adapter at each sync (``vllm_lora.AgentLoRAServerAdapter``)."""
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         super().init_model()
         if getattr(self, "rollout", None) is not None:
-            self.rollout = offset_rollout_adapter(self.rollout, replica_offset(self.config.rollout))
+            cls = None
+            if _shares_vllm_engine(self.config.rollout):
+                from mgrpo_verl.vllm_lora import AgentLoRAServerAdapter as cls
+            self.rollout = offset_rollout_adapter(self.rollout, replica_offset(self.config.rollout), cls)
 
 
 def _offset_replica_class(base: type, offset: int) -> type:
@@ -155,6 +166,8 @@ class AgentLLMServerManager(LLMServerManager):
                 "(init_hybrid_colocated), so an agent whose replicas are offset cannot use it; use vllm or sglang"
             )
         base = get_rollout_replica_class(rollout.name, disaggregation_enabled=rollout.disaggregation.enabled)
+        if _shares_vllm_engine(rollout):
+            from mgrpo_verl.vllm_lora import AgentLoRAvLLMReplica as base
         # verl's documented hook: a subclass sets rollout_replica_class before __init__ ("for recipe to change")
         self.rollout_replica_class = _offset_replica_class(base, start_rank)
         super().__init__(config, worker_group, rollout_resource_pool, start_rank=start_rank, **kwargs)

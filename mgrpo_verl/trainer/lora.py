@@ -6,12 +6,13 @@ An agent is a LoRA agent when its config (the top-level ``actor_rollout_ref`` me
 peft adapter (the base frozen, an optimizer over the adapter only), trained on that agent's rows as any
 model of ours.
 
-Differs from verl, where one rollout engine serves one adapter: with the ``hf`` rollout, the LoRA agents
-whose adapters stay separate (``model.lora.merge: false``, verl's default) and whose base is the same
+Differs from verl, where one rollout engine serves one adapter: with the ``hf`` or ``vllm`` rollout, the LoRA
+agents whose adapters stay separate (``model.lora.merge: false``, verl's default) and whose base is the same
 ``model.path`` share **one** engine, hosted by the first of them (:func:`adapter_hosts`); each agent's
-weight sync sends its adapter only, under the agent's name, and each agent's requests name its adapter.
-With ``lora.merge: true`` (verl syncs merged full weights) or another rollout engine (vLLM, SGLang: verl's
-one adapter per engine, never run here), a LoRA agent gets an engine of its own, as a full model does.
+weight sync sends its adapter only, under the agent's name, and each agent's requests name its adapter
+(``hf``: our engine, ``mgrpo_verl/hf_rollout/adapters.py``; ``vllm``: vLLM's multi-LoRA, ``mgrpo_verl/vllm_lora.py``).
+With ``lora.merge: true`` (verl syncs merged full weights) or SGLang (verl's one adapter per engine, never run
+here), a LoRA agent gets an engine of its own, as a full model does.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from mgrpo_verl.config.schema import AgentConfig, MultiAgentConfig
 
-SHARED_ENGINE_ROLLOUTS = ("hf",)
-"""Rollout engines that serve several agents' adapters on one base (ours)."""
+SHARED_ENGINE_ROLLOUTS = ("hf", "vllm")
+"""Rollout engines that serve several agents' adapters on one base (ours; vLLM's multi-LoRA)."""
+
+VLLM_ADAPTERS_KEY = "mgrpo_vllm_adapters"
+"""Key in ``actor_rollout_ref.rollout.custom`` of the agents on a shared vLLM engine: :func:`shared_vllm_adapters`."""
 
 LORA_STRATEGIES = ("fsdp", "fsdp2")
 """Actor strategies whose LoRA (peft) verl implements with ``model.lora_rank``."""
@@ -60,9 +64,24 @@ def adapter_hosts(fulls: Mapping[str, DictConfig]) -> dict[str, str]:
     for name, full in lora_owners(fulls).items():
         if not _shares_engine(full):
             continue
-        base = str(_get(full, "actor_rollout_ref.model.path"))
-        hosts[name] = first.setdefault(base, name)
+        engine = (_get(full, "actor_rollout_ref.rollout.name"), str(_get(full, "actor_rollout_ref.model.path")))
+        hosts[name] = first.setdefault(engine, name)
     return hosts
+
+
+def shared_vllm_adapters(fulls: Mapping[str, DictConfig]) -> dict[str, dict[str, Any]]:
+    """LoRA agent -> the table of the vLLM engine it shares (``rollout.custom.mgrpo_vllm_adapters``,
+    ``mgrpo_verl/vllm_lora.py``): ``{"host": agent, "ids": {agent: id}, "max_rank": r}``, ids 1, 2, ... in the
+    order of ``fulls`` (vLLM's adapter ids start at 1), the largest rank of the engine's agents; for every agent
+    of ``fulls`` that :func:`adapter_hosts` puts on a vLLM engine, the host included."""
+    hosts = {name: host for name, host in adapter_hosts(fulls).items()
+             if _get(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
+    tables: dict[str, dict[str, Any]] = {}
+    for name, host in hosts.items():
+        table = tables.setdefault(host, {"host": host, "ids": {}, "max_rank": 0})
+        table["ids"][name] = len(table["ids"]) + 1
+        table["max_rank"] = max(table["max_rank"], _rank(fulls[name]))
+    return {name: tables[host] for name, host in hosts.items()}
 
 
 def agent_client(llm: Any, owner: str, hosts: dict[str, str]) -> Any:
@@ -131,8 +150,8 @@ def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
             a, b = _get(mine, key), _get(theirs, key)
             if a != b:
                 raise ValueError(
-                    f"LoRA agents {host!r} and {name!r} share one rollout engine (same actor_rollout_ref.model.path, "
-                    f"rollout hf, lora.merge false) but {key} differs ({b!r} vs {a!r}): the engine is built once, from "
+                    f"LoRA agents {host!r} and {name!r} share one rollout engine (same actor_rollout_ref.model.path and "
+                    f"rollout.name, lora.merge false) but {key} differs ({b!r} vs {a!r}): the engine is built once, from "
                     f"{host!r}'s settings; make them equal (or set model.lora.merge=true on {name!r} to give it an "
                     f"engine of its own)"
                 )

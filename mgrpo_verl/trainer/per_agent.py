@@ -63,7 +63,7 @@ from mgrpo_verl.trainer.agents import (
     AgentRuntime,
     side_replica_offsets,
 )
-from mgrpo_verl.trainer.lora import adapter_hosts, agent_client
+from mgrpo_verl.trainer.lora import VLLM_ADAPTERS_KEY, adapter_hosts, agent_client, shared_vllm_adapters
 from mgrpo_verl.trainer.lora_export import lora_settings
 from mgrpo_verl.trainer.memory import preflight
 from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
@@ -176,6 +176,7 @@ class MultiAgentTrainer(PPOTrainer):
         ma = self.multi_agent
         configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.local_owners}
         self.adapter_hosts = adapter_hosts(configs)
+        vllm_adapters = shared_vllm_adapters(configs)
         own = {name: self.adapter_hosts.get(name, name) == name for name in configs}  # guests have no replicas
         # decoupled sides count the other side's owners too, so that their replicas never share a rank
         offsets = side_replica_offsets(ma, {name: _replica_count(cfg) if own[name] else 0 for name, cfg in configs.items()})
@@ -184,6 +185,8 @@ class MultiAgentTrainer(PPOTrainer):
             cfg = configs[spec.name]
             with open_dict(cfg):  # a guest's workers push their adapter to its host's replicas
                 cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[self.adapter_hosts.get(spec.name, spec.name)]
+                if spec.name in vllm_adapters:  # the agents on its vLLM engine and their adapter ids (vllm_lora.py)
+                    cfg.actor_rollout_ref.rollout.custom[VLLM_ADAPTERS_KEY] = vllm_adapters[spec.name]
             runtimes[spec.name] = AgentRuntime(
                 name=spec.name,
                 trainable=spec.trainable,

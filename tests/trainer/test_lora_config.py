@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from mgrpo_verl.trainer.lora import adapter_hosts
+from mgrpo_verl.trainer.lora import adapter_hosts, shared_vllm_adapters
 from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
 
 
@@ -62,12 +62,28 @@ def test_top_level_lora_makes_every_agent_an_adapter():
     ({}, lora(4), {"sub": "sub"}),                                    # full main + LoRA sub
     (lora(4), lora(4, path="models/other"), {"main": "main", "sub": "sub"}),  # two bases: an engine each
     (lora(4), {"model": {"lora_rank": 4, "lora": {"merge": True}}}, {"main": "main"}),  # merged sync: own engine
-    (lora(4), {**lora(4), "rollout": {"name": "vllm"}}, {"main": "main"}),  # verl's vLLM LoRA: own engine
+    (lora(4), {**lora(4), "rollout": {"name": "vllm"}}, {"main": "main", "sub": "sub"}),  # one engine per rollout
+    ({**lora(4), "rollout": {"name": "vllm"}}, {**lora(4), "rollout": {"name": "vllm"}}, {"main": "main", "sub": "main"}),
+    (lora(4), {**lora(4), "rollout": {"name": "sglang"}}, {"main": "main"}),  # verl's SGLang LoRA: own engine
     ({}, {}, {}),
-], ids=["full_main_lora_sub", "two_bases", "merge", "vllm", "no_lora"])
+], ids=["full_main_lora_sub", "two_bases", "merge", "hf_and_vllm", "vllm_shared", "sglang", "no_lora"])
 def test_mixed_setups(main, sub, hosts):
     config = _config(main=main, sub=sub)
     assert adapter_hosts(_fulls(config, parse_multi_agent(config))) == hosts
+
+
+def test_shared_vllm_engine_table_gives_each_agent_an_id_and_the_largest_rank():
+    """Three agents: main and sub LoRA on one base with vLLM, critic a LoRA agent on another base. The shared
+    engine's table: ids 1, 2 in agent order (vLLM's ids start at 1), max_rank the larger of 8 and 2; the critic is
+    alone on its engine (id 1, its own rank); the hf agents of other tests never get a table."""
+    config = _config(main=lora(8), sub=lora(2), actor_rollout_ref__rollout__name="vllm")
+    config.multi_agent.agents.critic = {"actor_rollout_ref": lora(16, path="models/other")}
+    config.trainer.n_gpus_per_node = 3
+    tables = shared_vllm_adapters(_fulls(config, parse_multi_agent(config)))
+    shared = {"host": "main", "ids": {"main": 1, "sub": 2}, "max_rank": 8}
+    assert tables == {"main": shared, "sub": shared, "critic": {"host": "critic", "ids": {"critic": 1}, "max_rank": 16}}
+    hf = _config(main=lora(8), sub=lora(2))
+    assert shared_vllm_adapters(_fulls(hf, parse_multi_agent(hf))) == {}
 
 
 @pytest.mark.parametrize("kwargs,expected", [
