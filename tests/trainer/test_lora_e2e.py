@@ -10,7 +10,7 @@ with a KL loss against each agent's base (its actor with the adapter off).
 
 Checked: one HF rollout server serves both agents (adapter-only syncs, each under its agent's name); the
 base weights the server holds stay bit-identical to the model folder's at every sync; each agent's rollout
-log-probs equal its actor's (``rollout_probs_diff_max``: generation used that agent's adapter and no other);
+log-probs equal its actor's (``rollout_probs_diff_max`` < 1e-5: generation used that agent's adapter and no other);
 the checkpoint's adapters differ between the agents and from their initialisation, its base tensors equal
 the model folder's; the resumed run serves exactly the adapters saved at step 2; the export writes each
 agent as a merged HF model.
@@ -90,8 +90,11 @@ def test_two_adapters_on_one_base_train_checkpoint_resume_export(main_ppo, tmp_p
         for agent in ("main", "sub"):
             assert m[f"agent/{agent}/actor/grad_norm"] > 0
             assert math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
-            # the rollout's log-probs are the actor's own: generated with this agent's adapter, no other
-            assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-3
+            # the rollout's log-probs are the actor's own: generated with this agent's adapter, no other. Synced: 1e-9.
+            # When the main agent's turns named no adapter (served by the bare base, fixed 2026-11-26), main showed
+            # 3.6e-4 at step 2 and 5.6e-4 at step 3, correlation 0.77 / 0.67, while sub stayed at 1e-9 and 1.0
+            assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-5, (agent, step)
+            assert m[f"agent/{agent}/training/rollout_actor_probs_pearson_corr"] > 0.999, (agent, step)
             assert math.isfinite(m[f"agent/{agent}/actor/kl_loss"])
     for agent in ("main", "sub"):  # after one update the adapter moved the policy away from the base
         assert first.at(2)[f"agent/{agent}/actor/kl_loss"] > 0
@@ -150,4 +153,4 @@ def test_full_main_with_a_lora_sub_agent(main_ppo, tmp_path):
     m = run.at(1)
     for agent in ("main", "sub"):
         assert m[f"agent/{agent}/actor/grad_norm"] > 0
-        assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-3
+        assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-5, agent
