@@ -122,19 +122,19 @@ class AgentLoRAServerAdapter(ServerAdapter):
     (name and id) for the worker extension; a guest's base sync is iterated (FSDP gathers need every rank) and
     dropped."""
 
-    @property
-    def adapter(self) -> tuple[str, int]:
-        """This worker's agent (``rollout.custom.mgrpo_agent``) and its adapter id on the engine."""
+    def agent_adapter(self) -> tuple[str, int, bool]:
+        """This worker's agent (``rollout.custom.mgrpo_agent``), its adapter id on the engine, and whether it hosts
+        the engine."""
         table = adapter_table(self.config)
         agent = str((self.config.get("custom") or {}).get("mgrpo_agent"))
         if table is None or agent not in table["ids"]:
             raise ValueError(f"agent {agent!r} has no adapter id in rollout.custom.{ADAPTERS_KEY} ({table})")
-        return agent, table["ids"][agent]
+        return agent, table["ids"][agent], agent == table["host"]
 
     async def update_weights(self, weights: Any, global_steps: int | None = None, wire_format: str = "named_tensors",
                              **kwargs: Any):
-        agent, adapter_id = self.adapter
-        if kwargs.get("base_sync_done") is False and agent != adapter_table(self.config)["host"]:
+        agent, adapter_id, host = self.agent_adapter()
+        if kwargs.get("base_sync_done") is False and not host:
             async for _ in ensure_async_iterator(weights):
                 pass
             return
