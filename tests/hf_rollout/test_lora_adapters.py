@@ -135,7 +135,9 @@ def test_bad_adapter_requests_and_pushes_are_refused(shared, adapters):
 
 
 def test_server_serves_each_agent_with_its_adapter(model_dir, adapters):
-    """The server actor's code, in process: adapters pushed by update_adapter, requests naming lora_name."""
+    """The server actor's code, in process: adapters pushed by update_adapter, requests naming lora_name; before
+    any adapter a request without one gets the base, after them it is refused (an agent's request that names no
+    adapter is a routing bug; the engine's own mixed batches with base rows are tested above)."""
     import asyncio
 
     from verl.workers.config import HFModelConfig, RolloutConfig
@@ -153,11 +155,15 @@ def test_server_serves_each_agent_with_its_adapter(model_dir, adapters):
         base_fp = server.get_base_fingerprint()
         with pytest.raises(InvalidRequestError, match="no LoRA adapter 'planner'"):
             await server.generate(PROMPTS[0], params, lora_name="planner")
+        base = await server.generate(PROMPTS[1], params)
         for name, (config, state, _) in adapters.items():
             report = await server.update_adapter(name, config, list(state.items()), global_steps=3)
             assert report["adapter"] == name and report["loaded"] == len(state) and report["base_fingerprint"] == base_fp
-        outs = await asyncio.gather(*[server.generate(PROMPTS[1], params, lora_name=who) for who in ("planner", "worker", None)])
-        return outs
+        with pytest.raises(InvalidRequestError, match=r"serves the LoRA adapters of agents \['planner', 'worker'\]; a request "
+                                                      r"must name one"):
+            await server.generate(PROMPTS[1], params)
+        outs = await asyncio.gather(*[server.generate(PROMPTS[1], params, lora_name=who) for who in ("planner", "worker")])
+        return [*outs, base]
 
     outs = asyncio.run(run())
     for who, out in zip(("planner", "worker", None), outs, strict=True):
