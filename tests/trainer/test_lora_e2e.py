@@ -154,3 +154,25 @@ def test_full_main_with_a_lora_sub_agent(main_ppo, tmp_path):
     for agent in ("main", "sub"):
         assert m[f"agent/{agent}/actor/grad_norm"] > 0
         assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-5, agent
+
+
+def test_magrpo_agents_as_adapters_on_one_base(main_ppo):
+    """MAGRPO (writing collaboration, joint reward) with both agents as adapters on one base: one engine, each
+    agent's adapter synced alone, each trained on its own rows with the joint advantages, and each agent's rollout
+    generated with its own adapter (the engine's token probabilities of an agent equal its actor's)."""
+    run = main_ppo("magrpo_lora", "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.val_before_train=false",
+                   "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=16",
+                   "multi_agent.agents.details.actor_rollout_ref.model.path=${actor_rollout_ref.model.path}",
+                   "multi_agent.agents.details.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}",
+                   "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true", config="magrpo_trainer")
+    assert run.returncode == 0, run.log[-6000:]
+    assert run.steps() == [1, 2]
+    assert len(re.findall(r"hf_server_\d+_\d+ ready: model=", run.log)) == 1, run.log[-4000:]
+    assert {(r, a, n) for r, a, n, *_ in _syncs(run.log)} == {(0, "summary", 28), (0, "details", 28)}
+    for step in (1, 2):
+        m = run.at(step)
+        assert m["agent/summary/score/mean"] == pytest.approx(m["agent/details/score/mean"])  # the joint reward
+        for agent in ("summary", "details"):
+            assert m[f"agent/{agent}/rows"] == 16 and m[f"agent/{agent}/update_rows"] == 16
+            assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-5, (agent, step)
+    assert all(max(run.at(s)[f"agent/{a}/actor/grad_norm"] for s in (1, 2)) > 0 for a in ("summary", "details"))
