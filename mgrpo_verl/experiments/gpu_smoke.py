@@ -39,6 +39,7 @@ STAGES: dict[str, str] = {
     "A2": "verl FSDP actor (CUDA) + our HF rollout on the GPU; two models on one GPU (shared placement)",
     "B1": "verl FSDP actor (CUDA) + vLLM rollout; one model (the sub-agent shares main's model)",
     "B2": "verl FSDP actor (CUDA) + vLLM rollout; two models on one GPU (shared placement)",
+    "B3": "B2 with both agents as LoRA adapters on one base: one vLLM engine serves both adapters (vLLM's multi-LoRA)",
     # on CPU (MGRPO_SMOKE_DEVICE=cpu) every stage runs the same plumbing on the CPU platform; B with vLLM's CPU build
 }
 #: (two-agent stage, one-agent stage): same task, same model size, same rows per step.

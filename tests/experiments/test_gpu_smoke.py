@@ -219,6 +219,8 @@ def test_problems():
     found = gs.problems("A1", "cuda", _env(False), have_all, False)
     assert len(found) == 3 and "pip install --no-index" in found[0] and "refusing to run" in found[1]
     assert gs.problems("B2", "cpu", _env(False), have_all, True) == []  # vLLM's CPU build
+    [p] = gs.problems("B3", "cuda", _env(True), no_vllm, True)  # LoRA agents on one vLLM engine: vLLM too
+    assert p.startswith("missing package(s) vllm")
     [p] = gs.problems("B2", "cpu", _env(False), no_vllm, True)
     assert p.startswith("missing package(s) vllm") and "recipes/vllm_cpu_env.sh" in p
     assert "unknown stage" in gs.problems("C1", "cuda", _env(True), have_all, True)[0]
