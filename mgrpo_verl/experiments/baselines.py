@@ -10,8 +10,10 @@ accuracy against step and against training wall time: mean over seeds thick, eac
 
 Variants: ``joint`` (M-GRPO, both agents trained), ``frozen`` (sub-agent not trained),
 ``shared_reward`` (both trained, the sub-agent on the main agent's score alone: no local term),
-``single`` (one model plays both roles, GRPO on the main outcome). The paper's expected shape is
-joint > frozen > single; the table reports what was measured.
+``single`` (one model plays both roles, GRPO on the main outcome), ``single_both`` (the same from a checkpoint
+warm-started on both roles: on relay_tools the warm start's sub-agent checkpoint, which it fine-tuned on the main
+agent's demonstrations and then the sub-agent's; on a task without a warm start the same as ``single``). The
+paper's expected shape is joint > frozen > single; the table reports what was measured.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "trainer.n_gpus_per_node=1",
     ),
 }
+VARIANTS["single_both"] = VARIANTS["single"]
 
 #: task -> variant -> overrides added to :data:`VARIANTS`' for that task. On relay_tools the single agent gets the
 #: sub-agent's tool (read_secret) in its own config: with ``share_model_with`` the sub role takes its model's
@@ -43,6 +46,8 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 TASK_VARIANTS = {
     "relay_tools": {
         "single": ("actor_rollout_ref.rollout.multi_turn.tool_config_path=${mgrpo_config_file:tools/relay_sub_tools.yaml}",),
+        "single_both": ("actor_rollout_ref.rollout.multi_turn.tool_config_path=${mgrpo_config_file:tools/relay_sub_tools.yaml}",
+                        "actor_rollout_ref.model.path=${multi_agent.agents.sub.actor_rollout_ref.model.path}"),
     },
 }
 

@@ -83,6 +83,7 @@ def test_every_variant_is_one_switch_of_the_same_config():
     assert VARIANTS["joint"] == ()
     assert "multi_agent.agents.sub.trainable=false" in VARIANTS["frozen"]
     assert "multi_agent.agents.sub.share_model_with=main" in VARIANTS["single"]
+    assert VARIANTS["single_both"] == VARIANTS["single"]  # its warm start is the task's (relay_tools: below)
     # shared reward: the sub-agent's effective score is the main agent's score alone (no local term)
     assert set(VARIANTS["shared_reward"]) == {
         "multi_agent.mgrpo.sub_reward_local_weight=0", "multi_agent.mgrpo.sub_reward_main_weight=1"
@@ -104,3 +105,22 @@ def test_single_agent_on_relay_tools_has_the_sub_agents_tool():
         cfg = compose("mgrpo_trainer", overrides=overrides)
     path = OmegaConf.select(cfg, "actor_rollout_ref.rollout.multi_turn.tool_config_path")  # resolves this node only
     assert path.endswith("relay_sub_tools.yaml") and OmegaConf.select(cfg, "multi_agent.agents.sub.share_model_with") == "main"
+
+
+def test_single_both_starts_from_the_checkpoint_warm_started_on_both_roles():
+    """relay_tools' warm start fine-tunes the sub-agent from the main agent's checkpoint (sub_model: main), so the
+    sub-agent's checkpoint has seen both roles' demonstrations: single_both plays both roles from it, with the tool."""
+    from hydra import compose, initialize_config_module
+
+    from mgrpo_verl.experiments.baselines import TASK_VARIANTS
+    from mgrpo_verl.warmstart.build import FROM_MAIN, WarmStartSpec
+
+    assert WarmStartSpec().sub_model == FROM_MAIN
+    overrides = ["task=relay_tools", *VARIANTS["single_both"], *TASK_VARIANTS["relay_tools"]["single_both"]]
+    with initialize_config_module("mgrpo_verl.config", version_base=None):
+        cfg = compose("mgrpo_trainer", overrides=overrides)
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(cfg.actor_rollout_ref.model, resolve=False)  # unresolved: no warm start built
+    assert model["path"] == "${multi_agent.agents.sub.actor_rollout_ref.model.path}"
+    assert set(TASK_VARIANTS["relay_tools"]["single"]) < set(TASK_VARIANTS["relay_tools"]["single_both"])
