@@ -15,6 +15,7 @@ import json, os, signal, sys
 import ray
 from mgrpo_verl.platform import ray_cpu_session
 mode = sys.argv[1] if len(sys.argv) > 1 else "{mode}"
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal: a shell's background job ignores SIGINT
 KEYS = ("RAY_TMPDIR", "RAY_AUTH_MODE", "TMPDIR")
 info = {{"env_before": {{k: os.environ.get(k) for k in KEYS}}}}
 try:

@@ -66,6 +66,10 @@ def dense_scorer(folder: Path) -> str:
     return f"{path}:score"
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -241,7 +245,10 @@ class MainPPO:
             *overrides,
         ]
         with (workdir / "stdout.txt").open("w") as out, (workdir / "stderr.txt").open("w") as err:
-            popen = subprocess.Popen(args, cwd=workdir, env=self.env(env), stdout=out, stderr=err)
+            # SIGINT at its default, as in a terminal: started from a shell's background job the run would inherit
+            # it ignored, and the Ctrl-C tests would wait for a KeyboardInterrupt that never comes
+            popen = subprocess.Popen(args, cwd=workdir, env=self.env(env), stdout=out, stderr=err,
+                                     preexec_fn=_default_sigint)
         return Proc(popen, workdir, metrics)
 
     def __call__(self, name: str, *overrides: str, timeout: float = 900, config: str | None = None,
