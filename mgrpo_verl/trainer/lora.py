@@ -69,13 +69,12 @@ def adapter_hosts(fulls: Mapping[str, DictConfig]) -> dict[str, str]:
     return hosts
 
 
-def shared_vllm_adapters(fulls: Mapping[str, DictConfig]) -> dict[str, dict[str, Any]]:
+def shared_vllm_adapters(fulls: Mapping[str, DictConfig], hosts: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """LoRA agent -> the table of the vLLM engine it shares (``rollout.custom.mgrpo_vllm_adapters``,
     ``mgrpo_verl/vllm_lora.py``): ``{"host": agent, "ids": {agent: id}, "max_rank": r}``, ids 1, 2, ... in the
-    order of ``fulls`` (vLLM's adapter ids start at 1), the largest rank of the engine's agents; for every agent
-    of ``fulls`` that :func:`adapter_hosts` puts on a vLLM engine, the host included."""
-    hosts = {name: host for name, host in adapter_hosts(fulls).items()
-             if _get(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
+    order of ``hosts`` (vLLM's adapter ids start at 1), the largest rank of the engine's agents; for every agent
+    that ``hosts`` (:func:`adapter_hosts` of ``fulls``) puts on a vLLM engine, the host included."""
+    hosts = {name: host for name, host in hosts.items() if _get(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
     tables: dict[str, dict[str, Any]] = {}
     for name, host in hosts.items():
         table = tables.setdefault(host, {"host": host, "ids": {}, "max_rank": 0})

@@ -176,7 +176,7 @@ class MultiAgentTrainer(PPOTrainer):
         ma = self.multi_agent
         configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.local_owners}
         self.adapter_hosts = adapter_hosts(configs)
-        vllm_adapters = shared_vllm_adapters(configs)
+        vllm_adapters = shared_vllm_adapters(configs, self.adapter_hosts)
         own = {name: self.adapter_hosts.get(name, name) == name for name in configs}  # guests have no replicas
         # decoupled sides count the other side's owners too, so that their replicas never share a rank
         offsets = side_replica_offsets(ma, {name: _replica_count(cfg) if own[name] else 0 for name, cfg in configs.items()})

@@ -79,11 +79,13 @@ def test_shared_vllm_engine_table_gives_each_agent_an_id_and_the_largest_rank():
     config = _config(main=lora(8), sub=lora(2), actor_rollout_ref__rollout__name="vllm")
     config.multi_agent.agents.critic = {"actor_rollout_ref": lora(16, path="models/other")}
     config.trainer.n_gpus_per_node = 3
-    tables = shared_vllm_adapters(_fulls(config, parse_multi_agent(config)))
+    fulls = _fulls(config, parse_multi_agent(config))
+    tables = shared_vllm_adapters(fulls, adapter_hosts(fulls))
     shared = {"host": "main", "ids": {"main": 1, "sub": 2}, "max_rank": 8}
     assert tables == {"main": shared, "sub": shared, "critic": {"host": "critic", "ids": {"critic": 1}, "max_rank": 16}}
     hf = _config(main=lora(8), sub=lora(2))
-    assert shared_vllm_adapters(_fulls(hf, parse_multi_agent(hf))) == {}
+    hf_fulls = _fulls(hf, parse_multi_agent(hf))
+    assert shared_vllm_adapters(hf_fulls, adapter_hosts(hf_fulls)) == {}
 
 
 @pytest.mark.parametrize("kwargs,expected", [
