@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # M-GRPO's claim on CPU: joint M-GRPO vs frozen sub-agent vs shared-reward-only sub-agent vs single-agent
-# GRPO, every variant from the same warm start (task relay_tools: delegation by tool call, docs/warmstart.md),
-# several seeds, then a table and a plot of held-out exact accuracy against step and training time in
+# GRPO (on relay_tools also single_both: the single agent warm-started on both roles), every variant from the
+# same warm start (task relay_tools: delegation by tool call, docs/warmstart.md), several seeds, then a table and a plot of held-out exact accuracy against step and training time in
 # docs/results/relay_tools_baselines.{md,png}.
 #
-#   bash recipes/relay_baselines.sh                          # 4 variants x 3 seeds x 20 steps, validation every 5 (about 1 h on 2 cores)
+#   bash recipes/relay_baselines.sh                          # 5 variants x 3 seeds x 20 steps, validation every 5 (about 1 h 15 on 2 cores)
 #   SEEDS="0 1" STEPS=30 bash recipes/relay_baselines.sh
 #   TASK=relay bash recipes/relay_baselines.sh               # the forced relay with random tiny models (dense score)
 #

@@ -12,7 +12,7 @@ Variants: ``joint`` (M-GRPO, both agents trained), ``frozen`` (sub-agent not tra
 ``shared_reward`` (both trained, the sub-agent on the main agent's score alone: no local term),
 ``single`` (one model plays both roles, GRPO on the main outcome), ``single_both`` (the same from a checkpoint
 warm-started on both roles: on relay_tools the warm start's sub-agent checkpoint, which it fine-tuned on the main
-agent's demonstrations and then the sub-agent's; on a task without a warm start the same as ``single``). The
+agent's demonstrations and then the sub-agent's; relay_tools only). The
 paper's expected shape is joint > frozen > single; the table reports what was measured.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mgrpo_verl.experiments.logged_run import run_logged
 
-#: variant -> its overrides of mgrpo_trainer.yaml (docs/algorithms.md: each baseline is one switch away)
+#: variant -> its overrides of mgrpo_trainer.yaml, on every task (docs/algorithms.md: each baseline is one switch away)
 VARIANTS: dict[str, tuple[str, ...]] = {
     "joint": (),
     "frozen": ("multi_agent.agents.sub.trainable=false",),
@@ -37,19 +37,30 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "trainer.n_gpus_per_node=1",
     ),
 }
-VARIANTS["single_both"] = VARIANTS["single"]
 
-#: task -> variant -> overrides added to :data:`VARIANTS`' for that task. On relay_tools the single agent gets the
-#: sub-agent's tool (read_secret) in its own config: with ``share_model_with`` the sub role takes its model's
-#: config, tools included, so without it neither role could read the secret; with it the one model may
-#: read the secret itself or delegate to itself (the paper's single agent with every tool).
-TASK_VARIANTS = {
+#: On relay_tools the single agent gets the sub-agent's tool (read_secret) in its own config: with
+#: ``share_model_with`` the sub role takes its model's config, tools included, so without it neither role could
+#: read the secret; with it the one model may read the secret itself or delegate to itself (the paper's single
+#: agent with every tool).
+_RELAY_TOOLS_SINGLE = (
+    *VARIANTS["single"],
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path=${mgrpo_config_file:tools/relay_sub_tools.yaml}",
+)
+#: task -> variant -> its whole overrides on that task: a variant of :data:`VARIANTS` run differently there, or
+#: one only that task has. ``single_both`` needs relay_tools' warm start: the one model starts from the warm
+#: start's sub-agent checkpoint, fine-tuned on the main agent's demonstrations and then on the sub-agent's.
+TASK_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "relay_tools": {
-        "single": ("actor_rollout_ref.rollout.multi_turn.tool_config_path=${mgrpo_config_file:tools/relay_sub_tools.yaml}",),
-        "single_both": ("actor_rollout_ref.rollout.multi_turn.tool_config_path=${mgrpo_config_file:tools/relay_sub_tools.yaml}",
-                        "actor_rollout_ref.model.path=${multi_agent.agents.sub.actor_rollout_ref.model.path}"),
+        "single": _RELAY_TOOLS_SINGLE,
+        "single_both": (*_RELAY_TOOLS_SINGLE, "actor_rollout_ref.model.path=${multi_agent.agents.sub.actor_rollout_ref.model.path}"),
     },
 }
+
+
+def variants(task: str) -> dict[str, tuple[str, ...]]:
+    """variant -> its overrides on ``task``: :data:`VARIANTS` with the task's own (:data:`TASK_VARIANTS`)."""
+    return {**VARIANTS, **TASK_VARIANTS.get(task, {})}
+
 
 #: task -> (held-out metric of verl's validation, its label): exact accuracy where the task has it
 #: (relay_tools); the relay's dense score on the forced relay, whose random models never answer exactly
@@ -82,8 +93,7 @@ def run_all(
             f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.save_freq=-1",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={run_dir / 'ckpt'}",
             f"mgrpo_verl.metrics_file={metrics}", f"data.seed={seed}",
-            f"trainer.experiment_name={task}_{variant}_seed{seed}", *VARIANTS[variant],
-            *TASK_VARIANTS.get(task, {}).get(variant, ()), *extra,
+            f"trainer.experiment_name={task}_{variant}_seed{seed}", *variants(task)[variant], *extra,
         ]
         print(f"[{i}/{len(jobs)}] {variant} seed {seed}: training {steps} steps ...", flush=True)
         seconds = run_logged(args, run_dir / "log.txt", f"{variant} seed {seed}")
@@ -106,7 +116,7 @@ def collect(runs: Path, task: str = "relay_tools") -> dict[str, dict[int, dict[s
     """variant -> seed -> metric -> step -> value, for every finished run under ``runs``: the task's held-out
     metric under :data:`VAL`, the training rewards and the step time under their verl keys."""
     out: dict = {}
-    for variant in VARIANTS:
+    for variant in variants(task):
         for seed_dir in sorted((runs / variant).glob("seed*")):
             metrics = seed_dir / "metrics.jsonl"
             if (seed_dir / "done").is_file() and metrics.is_file():
@@ -236,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     r.add_argument("--steps", type=int, default=12)
     r.add_argument("--test-freq", type=int, default=4)
-    r.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    r.add_argument("--variants", nargs="+", help="default: every variant of the task (see the module's docstring)")
     r.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     p = sub.add_parser("report", help="table and plot from finished runs")
     p.add_argument("--task", default="relay_tools", choices=list(VAL_KEYS))
@@ -244,7 +254,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
-        run_all(args.out, args.seeds, args.steps, args.test_freq, args.variants, args.overrides, args.task)
+        known = variants(args.task)
+        unknown = sorted(set(args.variants or ()) - set(known))
+        if unknown:
+            parser.error(f"--variants: {unknown} are not variants of task {args.task!r}; its variants are {list(known)}")
+        run_all(args.out, args.seeds, args.steps, args.test_freq, args.variants or list(known), args.overrides, args.task)
     else:
         print(report(args.runs, args.out, args.task))
 

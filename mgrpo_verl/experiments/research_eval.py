@@ -289,8 +289,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     t = commands.add_parser("train", help="train the systems to compare: joint M-GRPO and the baselines")
     t.add_argument("--out", type=Path, default=Path("runs/research"))
-    # single_both needs a warm start on both roles (relay_tools'); on research it would repeat single
-    t.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=[v for v in VARIANTS if v != "single_both"])
+    t.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     t.add_argument("--steps", type=int, default=30)
     t.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
     t.add_argument("overrides", nargs="*", help="extra Hydra overrides of every training run (after --)")

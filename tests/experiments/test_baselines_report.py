@@ -83,7 +83,7 @@ def test_every_variant_is_one_switch_of_the_same_config():
     assert VARIANTS["joint"] == ()
     assert "multi_agent.agents.sub.trainable=false" in VARIANTS["frozen"]
     assert "multi_agent.agents.sub.share_model_with=main" in VARIANTS["single"]
-    assert VARIANTS["single_both"] == VARIANTS["single"]  # its warm start is the task's (relay_tools: below)
+    assert "single_both" not in VARIANTS  # relay_tools' own variant: its warm start is the task's (below)
     # shared reward: the sub-agent's effective score is the main agent's score alone (no local term)
     assert set(VARIANTS["shared_reward"]) == {
         "multi_agent.mgrpo.sub_reward_local_weight=0", "multi_agent.mgrpo.sub_reward_main_weight=1"
@@ -97,10 +97,10 @@ def test_single_agent_on_relay_tools_has_the_sub_agents_tool():
     from omegaconf import OmegaConf
 
     from mgrpo_verl.config.resolvers import register_resolvers
-    from mgrpo_verl.experiments.baselines import TASK_VARIANTS
+    from mgrpo_verl.experiments.baselines import variants
 
     register_resolvers()
-    overrides = ["task=relay_tools", *VARIANTS["single"], *TASK_VARIANTS["relay_tools"]["single"]]
+    overrides = ["task=relay_tools", *variants("relay_tools")["single"]]
     with initialize_config_module("mgrpo_verl.config", version_base=None):
         cfg = compose("mgrpo_trainer", overrides=overrides)
     path = OmegaConf.select(cfg, "actor_rollout_ref.rollout.multi_turn.tool_config_path")  # resolves this node only
@@ -112,15 +112,23 @@ def test_single_both_starts_from_the_checkpoint_warm_started_on_both_roles():
     sub-agent's checkpoint has seen both roles' demonstrations: single_both plays both roles from it, with the tool."""
     from hydra import compose, initialize_config_module
 
-    from mgrpo_verl.experiments.baselines import TASK_VARIANTS
+    from mgrpo_verl.experiments.baselines import variants
     from mgrpo_verl.warmstart.build import FROM_MAIN, WarmStartSpec
 
     assert WarmStartSpec().sub_model == FROM_MAIN
-    overrides = ["task=relay_tools", *VARIANTS["single_both"], *TASK_VARIANTS["relay_tools"]["single_both"]]
+    overrides = ["task=relay_tools", *variants("relay_tools")["single_both"]]
     with initialize_config_module("mgrpo_verl.config", version_base=None):
         cfg = compose("mgrpo_trainer", overrides=overrides)
     from omegaconf import OmegaConf
 
     model = OmegaConf.to_container(cfg.actor_rollout_ref.model, resolve=False)  # unresolved: no warm start built
     assert model["path"] == "${multi_agent.agents.sub.actor_rollout_ref.model.path}"
-    assert set(TASK_VARIANTS["relay_tools"]["single"]) < set(TASK_VARIANTS["relay_tools"]["single_both"])
+    assert set(variants("relay_tools")["single"]) < set(variants("relay_tools")["single_both"])
+    assert "single_both" not in variants("relay")  # no warm start there: it would repeat single
+
+
+def test_run_refuses_a_variant_the_task_does_not_have(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--task", "relay", "--out", str(tmp_path), "--variants", "joint", "single_both"])
+    assert "['single_both'] are not variants of task 'relay'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any run started
