@@ -57,7 +57,7 @@ TASK_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
-def variants(task: str) -> dict[str, tuple[str, ...]]:
+def task_variants(task: str) -> dict[str, tuple[str, ...]]:
     """variant -> its overrides on ``task``: :data:`VARIANTS` with the task's own (:data:`TASK_VARIANTS`)."""
     return {**VARIANTS, **TASK_VARIANTS.get(task, {})}
 
@@ -93,7 +93,7 @@ def run_all(
             f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.save_freq=-1",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={run_dir / 'ckpt'}",
             f"mgrpo_verl.metrics_file={metrics}", f"data.seed={seed}",
-            f"trainer.experiment_name={task}_{variant}_seed{seed}", *variants(task)[variant], *extra,
+            f"trainer.experiment_name={task}_{variant}_seed{seed}", *task_variants(task)[variant], *extra,
         ]
         print(f"[{i}/{len(jobs)}] {variant} seed {seed}: training {steps} steps ...", flush=True)
         seconds = run_logged(args, run_dir / "log.txt", f"{variant} seed {seed}")
@@ -116,7 +116,7 @@ def collect(runs: Path, task: str = "relay_tools") -> dict[str, dict[int, dict[s
     """variant -> seed -> metric -> step -> value, for every finished run under ``runs``: the task's held-out
     metric under :data:`VAL`, the training rewards and the step time under their verl keys."""
     out: dict = {}
-    for variant in variants(task):
+    for variant in task_variants(task):
         for seed_dir in sorted((runs / variant).glob("seed*")):
             metrics = seed_dir / "metrics.jsonl"
             if (seed_dir / "done").is_file() and metrics.is_file():
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "run":
-        known = variants(args.task)
+        known = task_variants(args.task)
         unknown = sorted(set(args.variants or ()) - set(known))
         if unknown:
             parser.error(f"--variants: {unknown} are not variants of task {args.task!r}; its variants are {list(known)}")

@@ -13,6 +13,7 @@ from mgrpo_verl.experiments.baselines import (
     collect,
     main,
     summary_rows,
+    task_variants,
     wall_times,
 )
 
@@ -97,10 +98,9 @@ def test_single_agent_on_relay_tools_has_the_sub_agents_tool():
     from omegaconf import OmegaConf
 
     from mgrpo_verl.config.resolvers import register_resolvers
-    from mgrpo_verl.experiments.baselines import variants
 
     register_resolvers()
-    overrides = ["task=relay_tools", *variants("relay_tools")["single"]]
+    overrides = ["task=relay_tools", *task_variants("relay_tools")["single"]]
     with initialize_config_module("mgrpo_verl.config", version_base=None):
         cfg = compose("mgrpo_trainer", overrides=overrides)
     path = OmegaConf.select(cfg, "actor_rollout_ref.rollout.multi_turn.tool_config_path")  # resolves this node only
@@ -112,19 +112,18 @@ def test_single_both_starts_from_the_checkpoint_warm_started_on_both_roles():
     sub-agent's checkpoint has seen both roles' demonstrations: single_both plays both roles from it, with the tool."""
     from hydra import compose, initialize_config_module
 
-    from mgrpo_verl.experiments.baselines import variants
     from mgrpo_verl.warmstart.build import FROM_MAIN, WarmStartSpec
 
     assert WarmStartSpec().sub_model == FROM_MAIN
-    overrides = ["task=relay_tools", *variants("relay_tools")["single_both"]]
+    overrides = ["task=relay_tools", *task_variants("relay_tools")["single_both"]]
     with initialize_config_module("mgrpo_verl.config", version_base=None):
         cfg = compose("mgrpo_trainer", overrides=overrides)
     from omegaconf import OmegaConf
 
     model = OmegaConf.to_container(cfg.actor_rollout_ref.model, resolve=False)  # unresolved: no warm start built
     assert model["path"] == "${multi_agent.agents.sub.actor_rollout_ref.model.path}"
-    assert set(variants("relay_tools")["single"]) < set(variants("relay_tools")["single_both"])
-    assert "single_both" not in variants("relay")  # no warm start there: it would repeat single
+    assert set(task_variants("relay_tools")["single"]) < set(task_variants("relay_tools")["single_both"])
+    assert "single_both" not in task_variants("relay")  # no warm start there: it would repeat single
 
 
 def test_run_refuses_a_variant_the_task_does_not_have(tmp_path, capsys):
@@ -132,3 +131,23 @@ def test_run_refuses_a_variant_the_task_does_not_have(tmp_path, capsys):
         main(["run", "--task", "relay", "--out", str(tmp_path), "--variants", "joint", "single_both"])
     assert "['single_both'] are not variants of task 'relay'" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before any run started
+
+
+def test_run_starts_each_variant_with_its_task_overrides_and_skips_finished_runs(tmp_path, monkeypatch):
+    """``run`` launches main_ppo once per (variant, seed) with the task's overrides of that variant and the extra
+    ones last, and skips a run that finished before (a re-run of a cut-short sweep)."""
+    import mgrpo_verl.experiments.baselines as baselines
+
+    launched = []
+    monkeypatch.setattr(baselines, "run_logged", lambda args, log, label: launched.append(args) or 7.0)
+    (tmp_path / "joint" / "seed1").mkdir(parents=True)
+    (tmp_path / "joint" / "seed1" / "done").write_text("5\n")
+    main(["run", "--task", "relay_tools", "--out", str(tmp_path), "--seeds", "0", "1", "--steps", "3",
+          "--variants", "joint", "single_both", "--", "x.extra=1"])  # fmt: skip
+    assert [(a[a.index("-m") + 1], a[3]) for a in launched] == [("mgrpo_verl.main_ppo", "task=relay_tools")] * 3
+    names = [next(o for o in a if o.startswith("trainer.experiment_name=")) for a in launched]
+    assert names == [f"trainer.experiment_name=relay_tools_{v}" for v in ("joint_seed0", "single_both_seed0", "single_both_seed1")]
+    single_both = launched[1]
+    assert single_both[-3:] == [*task_variants("relay_tools")["single_both"][-2:], "x.extra=1"]
+    assert "multi_agent.agents.sub.share_model_with=main" in single_both and "data.seed=0" in single_both
+    assert (tmp_path / "single_both" / "seed1" / "done").read_text() == "7\n"
