@@ -42,6 +42,7 @@
 set -uo pipefail  # no -e: a failing stage must not stop the others or the report
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+ALL_STAGES=(A1 A2 B1 B2 B3)  # = STAGES of mgrpo_verl/experiments/gpu_smoke.py (tests/experiments/test_gpu_smoke.py)
 MODEL="${SMOKE_MODEL:-}"
 STAGES=()
 REPORT_ONLY=0
@@ -50,12 +51,12 @@ while [ $# -gt 0 ]; do
     --model) MODEL="$2"; shift 2 ;;
     --model=*) MODEL="${1#--model=}"; shift ;;
     --report-only) REPORT_ONLY=1; shift ;;
-    A1|A2|B1|B2|B3) STAGES+=("$1"); shift ;;
     -h|--help) sed -n '2,/^set /{/^set /!p}' "$0"; exit 0 ;;
-    *) echo "gpu_smoke: unknown argument '$1' (stages: A1 A2 B1 B2 B3; --model DIR)" >&2; exit 2 ;;
+    *) if [[ " ${ALL_STAGES[*]} " == *" $1 "* ]]; then STAGES+=("$1"); shift
+       else echo "gpu_smoke: unknown argument '$1' (stages: ${ALL_STAGES[*]}; --model DIR)" >&2; exit 2; fi ;;
   esac
 done
-[ ${#STAGES[@]} -eq 0 ] && [ "$REPORT_ONLY" = 0 ] && STAGES=(A1 A2 B1 B2 B3)
+[ ${#STAGES[@]} -eq 0 ] && [ "$REPORT_ONLY" = 0 ] && STAGES=("${ALL_STAGES[@]}")
 
 DEVICE="${MGRPO_SMOKE_DEVICE:-cuda}"
 WORK="${SMOKE_WORK:-gpu_smoke_out}"
@@ -192,7 +193,7 @@ if [ "$RESULTS" != "$WORK" ]; then
   # the raw files (logs, metrics, nvidia-smi samples) of every stage as one archive: the device tool brings
   # back at most 8 files from $OUT, so $OUT holds gpu_smoke.json, gpu_smoke.md and this
   done_stages=()
-  for s in A1 A2 B1 B2 B3; do [ -d "$WORK/$s" ] && done_stages+=("$s"); done
+  for s in "${ALL_STAGES[@]}"; do [ -d "$WORK/$s" ] && done_stages+=("$s"); done
   [ ${#done_stages[@]} -gt 0 ] && tar czf "$RESULTS/gpu_smoke_raw.tar.gz" -C "$WORK" --exclude=ckpt env.json "${done_stages[@]}"
 fi
 [ $report_rc -ne 0 ] && exit $report_rc

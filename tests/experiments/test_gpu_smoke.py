@@ -226,6 +226,21 @@ def test_problems():
     assert "unknown stage" in gs.problems("C1", "cuda", _env(True), have_all, True)[0]
 
 
+def test_kit_knows_the_stages_of_the_report_and_refuses_others(tmp_path):
+    """recipes/gpu_smoke.sh lists its stages once (ALL_STAGES); they are the report's STAGES, and an unknown stage
+    is refused before anything runs."""
+    import re
+
+    text = (ROOT / "recipes" / "gpu_smoke.sh").read_text()
+    [listed] = re.findall(r"^ALL_STAGES=\((.*?)\)", text, flags=re.M)
+    assert listed.split() == list(gs.STAGES)
+    env = {**os.environ, "SMOKE_WORK": str(tmp_path / "work"), "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / "gpu_smoke.sh"), "A1", "C7"], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and f"unknown argument 'C7' (stages: {' '.join(gs.STAGES)};" in proc.stderr
+    assert not (tmp_path / "work" / "A1").exists()
+
+
 @pytest.mark.slow
 def test_kit_runs_stage_a1_on_cpu_labelled_cpu(tmp_path):
     """The real kit, stage A1, one training step on the CPU path: a results file labelled cpu."""
