@@ -20,11 +20,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$MGRPO_ROOT"
 TASK="${TASK:-relay_tools}"
 EXTRA=()
+SUFFIX=""
 if [ "$TASK" = relay_tools ]; then
-  EXTRA=("mgrpo_verl.warmstart.sub_report_accuracy=${SUB_REPORT_ACCURACY:-0.45}")
-  RUNS="${RUNS:-runs/${TASK}_baselines_q${SUB_REPORT_ACCURACY:-0.45}}"
+  Q="${SUB_REPORT_ACCURACY:-0.45}"
+  EXTRA=("mgrpo_verl.warmstart.sub_report_accuracy=$Q")
+  SUFFIX="_q$Q"
 fi
-RUNS="${RUNS:-runs/${TASK}_baselines}"
+RUNS="${RUNS:-runs/${TASK}_baselines$SUFFIX}"
 # shellcheck disable=SC2206  # OVERRIDES: space-separated Hydra overrides
 EXTRA+=(${OVERRIDES:-})
 # shellcheck disable=SC2086

@@ -47,8 +47,7 @@ _RELAY_TOOLS_SINGLE = (
     "actor_rollout_ref.rollout.multi_turn.tool_config_path=${mgrpo_config_file:tools/relay_sub_tools.yaml}",
 )
 #: task -> variant -> its whole overrides on that task: a variant of :data:`VARIANTS` run differently there, or
-#: one only that task has. ``single_both`` needs relay_tools' warm start: the one model starts from the warm
-#: start's sub-agent checkpoint, fine-tuned on the main agent's demonstrations and then on the sub-agent's.
+#: one only that task has (``single_both``: it starts from relay_tools' warm start, see the module docstring).
 TASK_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "relay_tools": {
         "single": _RELAY_TOOLS_SINGLE,
@@ -81,6 +80,7 @@ def run_all(
 ) -> None:
     """Train every (variant, seed) that has no finished metrics file yet, printing progress."""
     jobs = [(v, s) for s in seeds for v in variants]  # seed by seed: a cut-short sweep still compares variants
+    overrides = task_variants(task)
     for i, (variant, seed) in enumerate(jobs, 1):
         run_dir = out / variant / f"seed{seed}"
         metrics = run_dir / "metrics.jsonl"
@@ -93,7 +93,7 @@ def run_all(
             f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.save_freq=-1",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={run_dir / 'ckpt'}",
             f"mgrpo_verl.metrics_file={metrics}", f"data.seed={seed}",
-            f"trainer.experiment_name={task}_{variant}_seed{seed}", *task_variants(task)[variant], *extra,
+            f"trainer.experiment_name={task}_{variant}_seed{seed}", *overrides[variant], *extra,
         ]
         print(f"[{i}/{len(jobs)}] {variant} seed {seed}: training {steps} steps ...", flush=True)
         seconds = run_logged(args, run_dir / "log.txt", f"{variant} seed {seed}")
