@@ -290,6 +290,24 @@ def run_judged(judge: str, candidate: str, function: str, limits: SandboxLimits 
             to_judge("error", "the candidate is gone: " + why)
 
     def step() -> bool:
+        # The candidate's frames first: every byte in its inbox was read before this step sends a call, so a
+        # frame that finds no call pending was written before any call reached the candidate, whichever pipe
+        # the selector served first (judge-first order made such junk look like a malformed reply).
+        for frame in cand.frames():
+            if state["candidate_gone"]:
+                break
+            message = None if frame is None else _decode_message(frame)
+            if frame is None:
+                candidate_failed("a reply over the size limit or malformed")
+            elif not state["pending"]:
+                candidate_failed("a reply without a call")
+            elif message is None or len(message) != 2 or message[0] not in ("ok", "error") or (
+                message[0] == "error" and type(message[1]) is not str
+            ):
+                candidate_failed("a reply that is not plain data in the expected shape")
+            else:
+                state["pending"] = False
+                to_judge(message[0], message[1] if message[0] == "ok" else message[1][:1000])
         for frame in jud.frames():
             if frame is None:
                 state["judge_broken"] = "a malformed message from the judge"
@@ -311,21 +329,6 @@ def run_judged(judge: str, candidate: str, function: str, limits: SandboxLimits 
             else:
                 state["judge_broken"] = f"an unexpected message from the judge: {message!r:.200}"
                 jud.kill()
-        for frame in cand.frames():
-            if state["candidate_gone"]:
-                break
-            message = None if frame is None else _decode_message(frame)
-            if frame is None:
-                candidate_failed("a reply over the size limit or malformed")
-            elif not state["pending"]:
-                candidate_failed("a reply without a call")
-            elif message is None or len(message) != 2 or message[0] not in ("ok", "error") or (
-                message[0] == "error" and type(message[1]) is not str
-            ):
-                candidate_failed("a reply that is not plain data in the expected shape")
-            else:
-                state["pending"] = False
-                to_judge(message[0], message[1] if message[0] == "ok" else message[1][:1000])
         if state["pending"] and not cand.channel_open():
             candidate_failed("it exited during a call")
         if not jud.open_reads():  # the judge is done: the candidate's channel closes, it exits

@@ -543,21 +543,27 @@ def test_results_that_are_not_plain_data_are_call_errors(body, first):
     assert run_.candidate.status == "ok" and run_.report[0].startswith(first), run_
 
 
+#: A judge that waits before its first call, so that a frame the candidate writes while defining its function
+#: reaches this process before any call does. With JUDGE alone the first call may reach the candidate first
+#: (both start together); its junk is then read as the reply to that call, a malformed one.
+LATE_JUDGE = "import time\ntime.sleep(1.0)\n" + JUDGE
+
+
 @pytest.mark.parametrize(
-    "candidate, why",
+    "judge, candidate, why",
     [
-        ("import os\ndef f(a, b):\n    os._exit(0)\n", "it exited during a call"),
-        (f"{CHANNEL_FD}\nos.write(channel_fd(), b'\\x00\\x00\\x00\\x05junk!')\ndef f(a, b):\n    return 1\n",
+        (JUDGE, "import os\ndef f(a, b):\n    os._exit(0)\n", "it exited during a call"),
+        (LATE_JUDGE, f"{CHANNEL_FD}\nos.write(channel_fd(), b'\\x00\\x00\\x00\\x05junk!')\ndef f(a, b):\n    return 1\n",
          "a reply without a call"),
-        (f"{CHANNEL_FD}\ndef f(a, b):\n    os.write(channel_fd(), b'\\xff\\xff\\xff\\xff')\n    return 1\n",
+        (JUDGE, f"{CHANNEL_FD}\ndef f(a, b):\n    os.write(channel_fd(), b'\\xff\\xff\\xff\\xff')\n    return 1\n",
          "a reply over the size limit"),
-        (f"{CHANNEL_FD}\ndef f(a, b):\n    os.write(channel_fd(), b'\\x00\\x00\\x00\\x02[]')\n    return 1\n",
+        (JUDGE, f"{CHANNEL_FD}\ndef f(a, b):\n    os.write(channel_fd(), b'\\x00\\x00\\x00\\x02[]')\n    return 1\n",
          "a reply that is not plain data"),
     ],
     ids=["exits", "writes-before-any-call", "oversized-frame", "malformed-frame"],
 )
-def test_protocol_breaches_end_the_candidate_not_the_judge(candidate, why):
-    run_ = sandbox.run_judged(JUDGE, candidate, "f", FAST)
+def test_protocol_breaches_end_the_candidate_not_the_judge(judge, candidate, why):
+    run_ = sandbox.run_judged(judge, candidate, "f", FAST)
     assert run_.judge.status == "ok" and run_.report is not None
     assert all(str(v).startswith("error: the candidate") for v in run_.report), run_.report
     assert run_.protocol_error.startswith(why), run_.protocol_error
