@@ -156,9 +156,10 @@ def test_infinite_loop_times_out_on_the_wall_clock():
 
 def test_cpu_burn_is_stopped_by_the_cpu_limit():
     result = run("while True:\n    pass", SandboxLimits(cpu_s=1, wall_s=10))
-    # SIGXCPU: the kernel stopped it after 1 s of CPU time (wall time depends on the machine's load)
+    # SIGXCPU: the kernel stopped it after 1 s of CPU time (wall time depends on the machine's load). The
+    # kernel charges CPU time by ticks, so the wall time can come out a little under 1 s (CI saw 0.998).
     assert result.status == "timeout" and result.returncode == -signal.SIGXCPU
-    assert 1 <= result.seconds < 10
+    assert 0.9 <= result.seconds < 10
 
 
 @pytest.mark.parametrize(
