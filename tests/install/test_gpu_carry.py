@@ -13,16 +13,10 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def carry_pins() -> dict[str, str]:
-    text = (ROOT / "recipes" / "gpu_carry.sh").read_text()
-    block = re.search(r"^PACKAGES=\((.*?)\)", text, re.S | re.M).group(1)
-    pins = dict(p.split("==") for p in block.split())
-    return {canonicalize_name(n): v for n, v in pins.items()}
-
-
 def test_carried_pins_satisfy_pyproject():
     requirements = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
-    pins = carry_pins()
+    block = re.search(r"^PACKAGES=\((.*?)\)", (ROOT / "recipes" / "gpu_carry.sh").read_text(), re.S | re.M).group(1)
+    pins = {canonicalize_name(name): version for name, version in (p.split("==") for p in block.split())}
     assert len(pins) > 20 and pins["verl"]  # the block was found and parsed
     checked = []
     for req in requirements:
