@@ -87,7 +87,7 @@ def main() -> None:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from mgrpo_verl.config.resolvers import register_resolvers
+    from mgrpo_verl.launcher.resolvers import register_resolvers
 
     register_resolvers()
     common = [f"trainer.total_training_steps={args.steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",

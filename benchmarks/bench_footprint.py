@@ -234,7 +234,7 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str],
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from mgrpo_verl.config.resolvers import register_resolvers
+    from mgrpo_verl.launcher.resolvers import register_resolvers
 
     register_resolvers()
     common = [f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.logger=[console,file]"]

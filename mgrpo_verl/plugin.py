@@ -28,7 +28,7 @@ def ensure_registered() -> None:
 
 
 def register_multi_agent() -> None:
-    """Our agent loops and our trainer modes (:data:`mgrpo_verl.config.resolvers.TRAINER_MODES`), registered
+    """Our agent loops and our trainer modes (:data:`mgrpo_verl.config.schema.TRAINER_MODES`), registered
     when verl defines their registries, so a process that never imports verl's agent-loop or trainer modules
     pays nothing. The trainer modes come with verl's v1 trainer package: ``mgrpo`` (``per_agent``), then
     ``mgrpo_decoupled_main`` / ``mgrpo_decoupled_sub`` (``decoupled``) as soon as ``per_agent`` is complete.

@@ -1,5 +1,6 @@
 """What the agent loops share: the delegation settings they read, one generation call, the handle of an agent
-as a loop sees it, the row metadata record, and the rules for scores and per-query statistics.
+as a loop sees it, and the rules for scores, per-query statistics and each row's metadata
+(:func:`score_trajectory`, writing the row contract of :mod:`mgrpo_verl.rowmeta`).
 
 Public so the loops (:mod:`~mgrpo_verl.agent_loops.delegation`, :mod:`~mgrpo_verl.agent_loops.tool_delegation`,
 :mod:`~mgrpo_verl.agent_loops.cooperative`) and the warm-start demonstrations import names, not each other's
@@ -26,6 +27,7 @@ from verl.utils import hf_tokenizer
 
 from mgrpo_verl.config.schema import AgentConfig, DelegationConfig, load_multi_agent
 from mgrpo_verl.envs import relay
+from mgrpo_verl.rowmeta import RowMeta, main_traj_id, sub_traj_id
 
 logger = logging.getLogger(__name__)
 
@@ -110,30 +112,6 @@ class AgentHandle:
 
 
 
-@dataclass(frozen=True)
-class RowMeta:
-    """``extra_fields["mgrpo"]`` of every row a loop emits (as a plain dict, :meth:`as_dict`: verl carries
-    rows as plain data); the trainer's row table (:mod:`mgrpo_verl.trainer.rows`) reads these keys."""
-
-    agent: str
-    """The agent that generated the row."""
-    traj_id: str
-    """``{uid}/{session_id}/main`` for a main row, ``.../{sub}/{j}`` for sub call ``j``."""
-    parent_traj_id: str
-    """``""`` for a main row, its main row's ``traj_id`` for a sub row."""
-    score: float
-    """The row's own score (verl's ``reward_score`` is the main score on every row)."""
-    calls: int
-    """Sub-agent calls of a main row (1 on a sub row)."""
-    failed_calls: int = 0
-    """Sub-agent calls that raised or timed out (main row)."""
-    observation_truncated: bool = False
-    """Whether the main row's observation was shortened to fit (relay loop)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "score": float(self.score)}
-
-
 #: Per-process memo of what a loop object derives from its (immutable) inputs: verl builds one loop object
 #: per rollout from the same trainer config, server manager and tokenizer, and reading the settings and
 #: resolving the sub-agent from the OmegaConf configs each time cost about 0.2 ms of a rollout's ~3 ms of
@@ -190,6 +168,68 @@ def query_stats(row: dict[str, Any], answer: str, **stats: float) -> dict[str, A
     extra = row.get("extra_info") or {}
     tags = {key: "" if extra.get(key) is None else str(extra.get(key)) for key in QUERY_TAGS}
     return {**stats, "answer": str(answer)[:ANSWER_CHARS], **tags}
+
+
+@dataclass(frozen=True)
+class SubReport:
+    """One sub-agent call of a delegation rollout as the main agent saw it."""
+
+    agent: str
+    index: int
+    """The call's number (from 0) among the rollout's calls of ``agent``: its ``sub_traj_id``."""
+    text: str | None
+    """Its report, ``None`` when the call failed or timed out (no row)."""
+
+
+@dataclass(frozen=True)
+class ScoredTrajectory:
+    """A delegation rollout's scores and the row contract of each of its rows (:func:`score_trajectory`)."""
+
+    score: float
+    """The main agent's answer's score: every row's ``reward_score``."""
+    main: RowMeta
+    subs: tuple[RowMeta | None, ...]
+    """One per :class:`SubReport`, ``None`` where the call failed."""
+    reward_extra_info: dict[str, Any]
+
+
+def score_trajectory(
+    settings: DelegationSettings,
+    row: dict[str, Any],
+    prefix: str,
+    answer: str,
+    ground_truth: str,
+    reports: list[SubReport],
+    *,
+    calls: int | None = None,
+    failed_calls: int | None = None,
+    observation_truncated: bool = False,
+    session: int | None = None,
+    sub_calls: list[str] | None = None,
+    **stats: float,
+) -> ScoredTrajectory:
+    """The epilogue every delegation loop shares: score the main answer and each report with the task's
+    scorer (:func:`safe_score`: a failing scorer scores 0, counted in :data:`REWARD_ERRORS`), the query's
+    ``reward_extra_info`` (:func:`query_stats`: ``acc``, ``exact``, ``calls``, ``failed_calls``, ``stats``) and
+    the :class:`~mgrpo_verl.rowmeta.RowMeta` of the main row and of each answered call. ``calls`` /
+    ``failed_calls`` default to the reports' (a decoupled main side's calls have no report here); ``session`` and
+    ``sub_calls`` go on the main row (decoupled main side)."""
+    scorer = settings.scorer
+    score, errors = safe_score(scorer, "main", answer, ground_truth)
+    sub_scores = [None if r.text is None else safe_score(scorer, "sub", r.text, ground_truth) for r in reports]
+    calls = len(reports) if calls is None else calls
+    failed_calls = sum(r.text is None for r in reports) if failed_calls is None else failed_calls
+    info = query_stats(
+        row, answer, acc=score, exact=exact_match(answer, ground_truth), calls=calls, failed_calls=failed_calls, **stats,
+        **{REWARD_ERRORS: errors + sum(s[1] for s in sub_scores if s is not None)},
+    )
+    main_id = main_traj_id(prefix)
+    subs = tuple(None if s is None else RowMeta(r.agent, sub_traj_id(prefix, r.agent, r.index), main_id, s[0])
+                 for r, s in zip(reports, sub_scores, strict=True))
+    main = RowMeta(settings.main, main_id, "", score, calls=calls, failed_calls=failed_calls,
+                   observation_truncated=observation_truncated, session=session,
+                   sub_calls=None if sub_calls is None else tuple(sub_calls))
+    return ScoredTrajectory(score, main, subs, info)
 
 
 def agent_setting(agent_config: Any, key: str, default: Any) -> Any:
@@ -274,12 +314,6 @@ def resolve_agent(loop: AgentLoopBase, name: str, response_tokens: int) -> Agent
 def preempted(generations: list[Generation]) -> int:
     counts = [g.num_preempted for g in generations if g.num_preempted is not None]
     return sum(counts) if counts else -1
-
-
-def row_meta(agent: str, traj_id: str, parent_traj_id: str, score: float, calls: int) -> dict[str, Any]:
-    """``extra_fields["mgrpo"]`` of a new row, a :class:`RowMeta` as a dict (the main row's ``failed_calls`` /
-    ``observation_truncated`` are set once known)."""
-    return RowMeta(agent, traj_id, parent_traj_id, score, calls).as_dict()
 
 
 def output_row(

@@ -51,6 +51,7 @@ from mgrpo_verl.envs.coop_tasks import COOP_LOOP_NAME, CoopReward, CoopTask, Tur
 
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
 from mgrpo_verl.agent_loops import common
+from mgrpo_verl.rowmeta import NODE_META, ROW_META, NodeMeta, RowMeta
 
 logger = logging.getLogger(__name__)
 
@@ -125,12 +126,9 @@ class CooperativeLoop(AgentLoopBase):
                     metrics=AgentLoopMetrics(generate_sequences=gen.seconds),
                     extra_fields={
                         **gen.extra_fields,
-                        "magrpo": {"node_id": node.node_id, "parent_node_id": parent_id, "turn": node.turn},
-                        "mgrpo": {
-                            "agent": name, "traj_id": f"{prefix}/{node.node_id}/{name}", "parent_traj_id": "",
-                            "score": float(outcome.reward), "calls": 0, "failed_calls": failed,
-                            "observation_truncated": False,
-                        },
+                        NODE_META: NodeMeta(node.node_id, parent_id, node.turn).write(),
+                        ROW_META: RowMeta(name, f"{prefix}/{node.node_id}/{name}", "", float(outcome.reward), calls=0,
+                                          failed_calls=failed).write(),
                         "reward_extra_info": {"acc": acc, **info},
                     },
                 )

@@ -73,6 +73,7 @@ from verl.utils import normalize_token_ids
 
 from mgrpo_verl.envs import relay
 from mgrpo_verl.agent_loops import common  # the module, not its names (see cooperative.py)
+from mgrpo_verl.rowmeta import ROW_META, RowMeta, main_traj_id, sub_traj_id
 from mgrpo_verl.agent_loops.remote_sub import (
     RemoteSubAgent,
     SubCallReply,
@@ -146,7 +147,7 @@ def sub_row(
         call.log_probs,
         num_turns=2,
         metrics=AgentLoopMetrics(generate_sequences=call.seconds, num_preempted=common.preempted([call])),
-        extra_fields={**call.extra_fields, "mgrpo": mgrpo, "reward_extra_info": dict(reward_extra_info)},
+        extra_fields={**call.extra_fields, ROW_META: mgrpo, "reward_extra_info": dict(reward_extra_info)},
         reward_score=score,
     )
 
@@ -185,37 +186,17 @@ class RelayDelegationLoop(AgentLoopBase):
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
         answer_text = await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens) if turns.room else ""
 
-        score, errors = common.safe_score(self.settings.scorer, "main", answer_text, digit)
         answered = [call for call in calls if not isinstance(call, str)]
-        sub_scores = [
-            common.safe_score(self.settings.scorer, "sub", text, digit) if not isinstance(call, str) else (0.0, 0)
-            for call, text in zip(calls, texts, strict=True)
-        ]
-        reward_extra_info = common.query_stats(
-            kwargs,
-            answer_text,
-            acc=score,
-            exact=common.exact_match(answer_text, digit),
-            calls=d,
-            failed_calls=d - len(answered),
+        scored = common.score_trajectory(
+            self.settings, kwargs, prefix, answer_text, digit,
+            [common.SubReport(sub.name, j, None if isinstance(call, str) else text) for j, (call, text) in enumerate(zip(calls, texts))],
+            observation_truncated=turns.observation_truncated,
             main_tokens=sum(len(g.token_ids) for g in turns.generations),
             sub_tokens=sum(len(call.token_ids) for call in answered),
-            **{common.REWARD_ERRORS: errors + sum(e for _, e in sub_scores)},
         )
-        rows = [
-            sub_row(
-                sub_prompt,
-                call,
-                common.row_meta(sub.name, f"{prefix}/{sub.name}/{j}", f"{prefix}/main", sub_score, 1),
-                reward_extra_info,
-                score,
-            )
-            for j, (call, (sub_score, _)) in enumerate(zip(calls, sub_scores, strict=True))
-            if not isinstance(call, str)
-        ]
-        main = common.row_meta(self.settings.main, f"{prefix}/main", "", score, d)
-        main.update(failed_calls=len(calls) - len(rows), observation_truncated=turns.observation_truncated)
-        rows.append(turns.row({"mgrpo": main, "reward_extra_info": reward_extra_info}, score))
+        rows = [sub_row(sub_prompt, call, meta.write(), scored.reward_extra_info, scored.score)
+                for call, meta in zip(calls, scored.subs, strict=True) if meta is not None]
+        rows.append(turns.row({ROW_META: scored.main.write(), "reward_extra_info": scored.reward_extra_info}, scored.score))
         return rows
 
     async def _run_remote(
@@ -231,8 +212,8 @@ class RelayDelegationLoop(AgentLoopBase):
             SubCallRequest(
                 agent=sub.name,
                 agent_loop=SUB_CALL_LOOP_NAME,
-                traj_id=f"{prefix}/{sub.name}/{j}",
-                parent_traj_id=f"{prefix}/main",
+                traj_id=sub_traj_id(prefix, sub.name, j),
+                parent_traj_id=main_traj_id(prefix),
                 uid=prefix.rsplit("/", 1)[0],
                 session=session,
                 messages=self.settings.sub_messages(kwargs, plan_text),
@@ -256,27 +237,14 @@ class RelayDelegationLoop(AgentLoopBase):
         texts = [r if isinstance(r, str) else r.text for r in replies]
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
         answer_text = await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens) if turns.room else ""
-        score, errors = common.safe_score(self.settings.scorer, "main", answer_text, digit)
         used = [r.traj_id for r in replies if isinstance(r, SubCallReply)]
-        main = common.row_meta(self.settings.main, f"{prefix}/main", "", score, d)
-        main.update(
-            failed_calls=d - len(used),
-            observation_truncated=turns.observation_truncated,
-            session=session,
-            sub_calls=used,
-        )
-        stats = common.query_stats(
-            kwargs,
-            answer_text,
-            acc=score,
-            exact=common.exact_match(answer_text, digit),
-            calls=d,
-            failed_calls=d - len(used),
-            main_tokens=sum(len(g.token_ids) for g in turns.generations),
+        scored = common.score_trajectory(
+            self.settings, kwargs, prefix, answer_text, digit, [],  # the sub side keeps and scores the sub rows
+            calls=d, failed_calls=d - len(used), observation_truncated=turns.observation_truncated, session=session,
+            sub_calls=used, main_tokens=sum(len(g.token_ids) for g in turns.generations),
             sub_tokens=sum(r.response_tokens for r in replies if isinstance(r, SubCallReply)),
-            **{common.REWARD_ERRORS: errors},
         )
-        return [turns.row({"mgrpo": main, "reward_extra_info": stats}, score)]
+        return [turns.row({ROW_META: scored.main.write(), "reward_extra_info": scored.reward_extra_info}, scored.score)]
 
     async def _main_turn(self, turns: _MainTurns, sampling_params: dict[str, Any], max_tokens: int) -> str:
         """One main-agent generation (at most ``max_tokens`` and the room left), appended; returns its text."""
@@ -400,5 +368,5 @@ class RelaySubCallLoop(AgentLoopBase):
         gen = await common.generate(self.server_manager, uuid4().hex, prompt_ids, sampling_params, max_tokens)
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True).strip()
         score, errors = common.safe_score(self.settings.scorer, "sub", text, str(ground_truth))
-        meta = common.row_meta(str(call["agent"]), str(call["traj_id"]), str(call["parent_traj_id"]), score, 1)
-        return [sub_row(prompt_ids, gen, meta, {"acc": score, "calls": 1, common.REWARD_ERRORS: errors}, score)]
+        meta = RowMeta(str(call["agent"]), str(call["traj_id"]), str(call["parent_traj_id"]), score)
+        return [sub_row(prompt_ids, gen, meta.write(), {"acc": score, "calls": 1, common.REWARD_ERRORS: errors}, score)]

@@ -26,6 +26,7 @@ from typing import Any
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
 from mgrpo_verl.agent_loops.remote_sub import CALL_PATH, HEALTH_PATH, MODE_PATH, SubCallRequest
+from mgrpo_verl.rowmeta import RowMeta
 
 logger = logging.getLogger(__name__)
 
@@ -170,11 +171,10 @@ class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
             self.calls["validation"] += 1
         else:
             for i, out in enumerate(outputs):
-                meta = out.extra_fields["mgrpo"]
                 key = f"{call.uid}_{session}_{i}"
+                meta = RowMeta.read(out.extra_fields, key)
                 self.pending[key] = PendingRow(
-                    key, str(meta["traj_id"]), str(meta["parent_traj_id"]), call.uid, str(meta["agent"]),
-                    float(meta["score"]), version, time.time(),
+                    key, meta.traj_id, meta.parent_traj_id, call.uid, meta.agent, meta.score, version, time.time(),
                 )
             self.calls["served"] += 1
         final = outputs[-1]

@@ -118,6 +118,7 @@ from verl.workers.rollout.replica import TokenOutput
 from mgrpo_verl.envs import relay
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
 from mgrpo_verl.agent_loops import common, delegation
+from mgrpo_verl.rowmeta import ROW_META
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ class _Route:
 
 
 @dataclass(frozen=True)
-class _DelegationTool:
+class DelegationTool:
     """``ask_<agent>(task)``: a tool entry of the main agent (schema only; the loop runs it)."""
 
     agent: str
@@ -283,7 +284,7 @@ class _DelegationTool:
     tool_schema: OpenAIFunctionToolSchema
 
     @classmethod
-    def for_agent(cls, agent: str) -> _DelegationTool:
+    def for_agent(cls, agent: str) -> DelegationTool:
         name = relay.delegation_tool_name(agent)
         schema = OpenAIFunctionToolSchema.model_validate(
             {
@@ -402,7 +403,7 @@ def _output_row(
         _fit(output.response_logprobs, len(output.response_ids)),
         num_turns=output.num_turns,
         metrics=output.metrics,
-        extra_fields={**common.merge_generation_fields(generations), "mgrpo": mgrpo, "reward_extra_info": reward_extra_info},
+        extra_fields={**common.merge_generation_fields(generations), ROW_META: mgrpo, "reward_extra_info": reward_extra_info},
         reward_score=score,
     )
 
@@ -418,7 +419,7 @@ class ToolDelegationLoop(ToolAgentLoop):
         self._manager = self.server_manager
         self.server_manager = _Route(self._manager)
         for agent in self.settings.sub_agents:
-            tool = _DelegationTool.for_agent(agent)
+            tool = DelegationTool.for_agent(agent)
             if tool.name in self.tools:
                 raise ValueError(
                     f"the main agent's own tools already have a tool named {tool.name!r}, the delegation tool of "
@@ -495,7 +496,7 @@ class ToolDelegationLoop(ToolAgentLoop):
             return state.fail(_error(f"arguments of {tool_call.name} are not valid JSON: {exc}"))
         if not isinstance(arguments, dict):
             return state.fail(_error(f"arguments of {tool_call.name} must be a JSON object, got {tool_call.arguments}"))
-        if isinstance(tool, _DelegationTool):
+        if isinstance(tool, DelegationTool):
             return await self._delegate(state, state.subs[tool.agent], tool.name, arguments)
         state.tool_uses[tool_call.name] += 1
         return await super()._call_tool(tool_call, tools_kwargs, agent_data)
@@ -659,36 +660,18 @@ class ToolDelegationLoop(ToolAgentLoop):
     def _rows(
         self, state: _Rollout, output: AgentLoopOutput, prefix: str, ground_truth: str, row: dict[str, Any]
     ) -> list[AgentLoopOutput]:
-        scorer = self.settings.scorer
         answer = state.main.final_text(self.tokenizer)
-        score, errors = common.safe_score(scorer, "main", answer, ground_truth)
-        sub_scores = {
-            call.order: common.safe_score(scorer, "sub", call.report, ground_truth)
-            for call in state.calls if call.output is not None
-        }
-        started = len(state.calls)
-        reward_extra_info = common.query_stats(
-            row,
-            answer,
-            acc=score,
-            exact=common.exact_match(answer, ground_truth),
-            calls=started,
+        scored = common.score_trajectory(
+            self.settings, row, prefix, answer, ground_truth,
+            [common.SubReport(call.agent, call.index, None if call.output is None else call.report) for call in state.calls],
             failed_calls=state.failed_calls,
+            observation_truncated=state.observation_truncated,
             main_tokens=sum(len(g.token_ids) for g in state.main.generations),
             sub_tokens=sum(len(g.token_ids) for call in state.calls for g in call.generations),
             **{f"tool/{name}": count for name, count in sorted(state.tool_uses.items())},
-            **{"tool/parse_errors": state.parse_errors,
-               common.REWARD_ERRORS: errors + sum(e for _, e in sub_scores.values())},
+            **{"tool/parse_errors": state.parse_errors},
         )
-        main_id = f"{prefix}/main"
-        rows = []
-        for call in state.calls:  # in call order
-            if call.output is None:  # failed or timed out: no row
-                continue
-            sub_score = sub_scores[call.order][0]
-            meta = common.row_meta(call.agent, f"{prefix}/{call.agent}/{call.index}", main_id, sub_score, 1)
-            rows.append(_output_row(call.output, call.generations, meta, dict(reward_extra_info), score))
-        meta = common.row_meta(self.settings.main, main_id, "", score, started)
-        meta.update(failed_calls=state.failed_calls, observation_truncated=state.observation_truncated)
-        rows.append(_output_row(output, state.main.generations, meta, reward_extra_info, score))
+        rows = [_output_row(call.output, call.generations, meta.write(), dict(scored.reward_extra_info), scored.score)
+                for call, meta in zip(state.calls, scored.subs, strict=True) if meta is not None]  # in call order
+        rows.append(_output_row(output, state.main.generations, scored.main.write(), scored.reward_extra_info, scored.score))
         return rows

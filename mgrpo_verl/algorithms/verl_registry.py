@@ -13,7 +13,8 @@ What the registry path can see: verl's ``compute_advantage`` calls a registered 
 
 The full estimators (:func:`mgrpo_verl.compute_mgrpo_advantage`,
 :func:`mgrpo_verl.compute_magrpo_advantage`) read the whole ``DataProto``; our trainer's advantage step
-calls them directly instead of going through this registry. A warning is logged once per process when
+does not go through this registry: it runs the same pure functions on its row table
+(:func:`mgrpo_verl.trainer.rows.scalar_advantages`). A warning is logged once per process when
 the reduced path runs, so nobody mistakes it for the full algorithm.
 """
 

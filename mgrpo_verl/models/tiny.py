@@ -103,7 +103,7 @@ def cache_root() -> Path:
     return base / "mgrpo_verl"
 
 
-def _key(payload: dict[str, Any]) -> str:
+def content_key(payload: dict[str, Any]) -> str:
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -119,7 +119,7 @@ def _locked(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _build_once(target: Path, build) -> Path:
+def build_once(target: Path, build) -> Path:
     """Run ``build(tmp_dir)`` unless ``target`` exists; publish atomically with a rename."""
     if target.is_dir():
         return target
@@ -301,9 +301,9 @@ def build_tiny_tokenizer(vocab_size: int = 1024, model_max_length: int = 4096) -
     """
     if vocab_size < 300:
         raise ValueError(f"vocab_size must be >= 300 (256 bytes + specials + merges), got {vocab_size}")
-    key = _key({"v": BUILDER_VERSION, "kind": "bpe", "vocab_size": vocab_size, "max_len": model_max_length})
+    key = content_key({"v": BUILDER_VERSION, "kind": "bpe", "vocab_size": vocab_size, "max_len": model_max_length})
     target = cache_root() / "tokenizers" / f"bpe-{key}"
-    _build_once(target, lambda tmp: _train_tokenizer(tmp, vocab_size, model_max_length))
+    build_once(target, lambda tmp: _train_tokenizer(tmp, vocab_size, model_max_length))
     return str(target)
 
 
@@ -381,7 +381,7 @@ def build_tiny_model(
     """
     tokenizer_dir = build_tiny_tokenizer(vocab_size)
     overrides = dict(config_overrides or {})
-    key = _key(
+    key = content_key(
         {
             "v": BUILDER_VERSION,
             "kind": "tiny-qwen2",
@@ -391,5 +391,5 @@ def build_tiny_model(
         }
     )
     target = cache_root() / "models" / f"tiny-qwen2-{key}"
-    _build_once(target, lambda tmp: _build_model(tmp, tokenizer_dir, int(seed), overrides))
+    build_once(target, lambda tmp: _build_model(tmp, tokenizer_dir, int(seed), overrides))
     return TinyModelPaths(model_dir=str(target), tokenizer_dir=tokenizer_dir)

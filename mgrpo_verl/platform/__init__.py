@@ -9,9 +9,10 @@ process) does, in this order:
 3. only when the CPU platform is the one this process will use:
 
    - registers verl's FSDP engines for device ``cpu`` (:mod:`.engines`; done when verl's FSDP engine
-     module is imported);
-   - applies the one verl patch, ``verl-0.9.1-cpu-process-group`` (:mod:`.verl_cpu_process_group`,
-     documented in ``patches/README.md``).
+     module is imported, which also applies the patch ``verl-0.9.1-fsdp2-pinned-offload``);
+   - applies the patch ``verl-0.9.1-cpu-process-group`` (:mod:`.verl_cpu_process_group`). Every patch, the
+     vLLM one included (``vllm-cpu-linear-weights``, applied in vLLM's own processes), is documented in
+     ``patches/README.md``.
 
 On a machine with CUDA (or NPU/ROCm) and no explicit request nothing but step 1 happens, and verl
 resolves its own platform exactly as without us.
@@ -49,10 +50,12 @@ __all__ = [
     "accelerator_present",
     "cpu_platform_active",
     "cpu_platform_wanted",
+    "DEVICE_MODES",
     "device_choice",
     "ray_cpu_env",
     "ray_cpu_session",
     "register_cpu_platform",
+    "uses_cpu",
 ]
 
 
@@ -100,6 +103,19 @@ def cpu_platform_active() -> bool:
     from verl.plugin.platform import get_platform
 
     return isinstance(get_platform(), CpuPlatform)
+
+
+#: values of ``mgrpo_verl.device``: the CPU platform, verl's accelerator, or whichever verl resolves here
+DEVICE_MODES = ("auto", "cpu", "accelerator")
+
+
+def uses_cpu(mode: str) -> bool:
+    """Whether a run with ``mgrpo_verl.device=mode`` trains on the CPU platform."""
+    if mode not in DEVICE_MODES:
+        raise ValueError(f"mgrpo_verl.device must be one of {DEVICE_MODES}, got {mode!r}")
+    if mode != "auto":
+        return mode == "cpu"
+    return cpu_platform_active()
 
 
 def _resolved_platform():

@@ -37,7 +37,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.rollout.replica import RolloutMode, get_rollout_replica_class
 
-from mgrpo_verl.trainer.lora import VLLM_ADAPTERS_KEY
+from mgrpo_verl.config.lora import VLLM_ADAPTERS_KEY
 
 if TYPE_CHECKING:
     from mgrpo_verl.config.schema import MultiAgentConfig
@@ -80,7 +80,7 @@ def offset_rollout_adapter(rollout: BaseRollout, offset: int, cls: type[BaseRoll
 
 
 def _shares_vllm_engine(rollout_config: Any) -> bool:
-    """Whether the agent is a LoRA agent on a shared vLLM engine (``mgrpo_verl/vllm_lora.py``)."""
+    """Whether the agent is a LoRA agent on a shared vLLM engine (``mgrpo_verl/vllm_rollout/lora.py``)."""
     return rollout_config.get("name") == "vllm" and VLLM_ADAPTERS_KEY in (rollout_config.get("custom") or {})
 
 
@@ -95,7 +95,7 @@ class AgentActorRolloutRefWorker(ActorRolloutRefWorker):
         if getattr(self, "rollout", None) is not None:
             cls = None
             if _shares_vllm_engine(self.config.rollout):
-                from mgrpo_verl.vllm_lora import AgentLoRAServerAdapter as cls
+                from mgrpo_verl.vllm_rollout.lora import AgentLoRAServerAdapter as cls
             self.rollout = offset_rollout_adapter(self.rollout, replica_offset(self.config.rollout), cls)
 
 
@@ -167,7 +167,7 @@ class AgentLLMServerManager(LLMServerManager):
             )
         base = get_rollout_replica_class(rollout.name, disaggregation_enabled=rollout.disaggregation.enabled)
         if _shares_vllm_engine(rollout):
-            from mgrpo_verl.vllm_lora import AgentLoRAvLLMReplica as base
+            from mgrpo_verl.vllm_rollout.lora import AgentLoRAvLLMReplica as base
         # verl's documented hook: a subclass sets rollout_replica_class before __init__ ("for recipe to change")
         self.rollout_replica_class = _offset_replica_class(base, start_rank)
         super().__init__(config, worker_group, rollout_resource_pool, start_rank=start_rank, **kwargs)

@@ -4,7 +4,7 @@ Each side is a trainer mode of its own, registered with verl's trainer registry:
 (:class:`DecoupledMainTrainer`) and ``mgrpo_decoupled_sub`` (:class:`DecoupledSubTrainer`), both subclasses
 of the synchronous :class:`~mgrpo_verl.trainer.per_agent.MultiAgentTrainer`. Users set only
 ``multi_agent.decoupled.role``; ``mgrpo_verl.main_ppo`` sets ``trainer.v1.trainer_mode`` from it before Ray
-starts (:func:`mgrpo_verl.config.resolvers.trainer_mode`). The rest of the ``multi_agent`` section is the
+starts (:func:`mgrpo_verl.config.schema.trainer_mode`). The rest of the ``multi_agent`` section is the
 same on both sides. What crosses between them: delegation calls and
 their answers (text, over HTTP, :mod:`mgrpo_verl.agent_loops.remote_sub`) and one record per main
 trajectory (ids, uid, score, format flag, step, version, the sub calls it used) through the store
@@ -47,14 +47,22 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils.debug import marked_timer
 
-from mgrpo_verl.config.resolvers import TRAINER_MODES
+from mgrpo_verl.config.schema import TRAINER_MODES
 from mgrpo_verl.agent_loops.remote_sub import RemoteSubAgent, RemoteCallError
 # the module, not its names: sub_service imports verl's v1 trainer package, whose import hook (our plugin) may
 # import this module while sub_service is still half-imported
 from mgrpo_verl.agent_loops import sub_service
+from mgrpo_verl.rowmeta import RowMeta
 from mgrpo_verl.store import TrajectoryStat, open_store
-from mgrpo_verl.trainer.per_agent import MultiAgentTrainer, _row_metrics
-from mgrpo_verl.trainer.rows import ROW_META, RowTable, _as_list, decoupled_sub_table, scalar_advantages, write_row_values
+from mgrpo_verl.trainer.per_agent import MultiAgentTrainer
+from mgrpo_verl.trainer.rows import (
+    RowTable,
+    as_list,
+    decoupled_sub_table,
+    row_metrics,
+    scalar_advantages,
+    write_row_values,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,25 +121,24 @@ class DecoupledMainTrainer(MultiAgentTrainer):
         """Publish one record per main trajectory before training, so that the sub sides can start."""
         main = np.flatnonzero(table.is_main & (table.agent == self.multi_agent.main))
         keys = [table.keys[i] for i in main]
-        extra = _as_list(tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"])
+        extra = as_list(tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"])
         records = []
         for i, fields in zip(main, extra):
-            meta = fields[ROW_META]
-            if "sub_calls" not in meta or "session" not in meta:
+            meta = RowMeta.read(fields, table.keys[i])
+            if meta.sub_calls is None or meta.session is None:
                 raise ValueError(
-                    f"main row {table.traj_id[i]!r} lacks 'session' / 'sub_calls' in extra_fields['mgrpo']: its agent loop "
+                    f"main row {table.traj_id[i]!r} lacks 'session' / 'sub_calls' in its row metadata: its agent loop "
                     f"did not delegate through a remote sub-agent (decoupled mode needs the mgrpo_relay loop)"
                 )
             records.append(
                 TrajectoryStat(
-                    traj_id=str(table.traj_id[i]),
+                    traj_id=meta.traj_id,
                     uid=str(table.uid[i]),
-                    agent=str(table.agent[i]),
-                    score=float(table.score[i]),
-                    format_ok=bool(meta.get("format_ok", True)),
+                    agent=meta.agent,
+                    score=meta.score,
                     step=self.global_steps,
                     policy_version=self.global_steps,
-                    extra={"session": int(meta["session"]), "sub_calls": list(meta["sub_calls"])},
+                    extra={"session": meta.session, "sub_calls": list(meta.sub_calls)},
                 )
             )
         self.store.put(records)
@@ -255,7 +262,7 @@ class DecoupledSubTrainer(MultiAgentTrainer):
     def _served_metrics(self, table: RowTable, advantage: np.ndarray, row_tags: list[dict], alignment) -> dict:
         """The synchronous step's row metrics of the agents this model plays, and the alignment's."""
         served = {f"agent/{a}/" for a in self.rt.plays}
-        return {k: v for k, v in _row_metrics(table, advantage, row_tags, alignment).items()
+        return {k: v for k, v in row_metrics(table, advantage, row_tags, alignment).items()
                 if any(k.startswith(p) for p in served) or k.startswith("mgrpo/align/")}
 
     def _take_ready_rows(self, metrics: dict) -> tuple[list[sub_service.PendingRow], dict]:

@@ -2,7 +2,7 @@
 
 verl checks nothing of the sort: a layout that cannot fit fails minutes later, in a worker, with a CUDA
 out-of-memory error (or a vLLM start-up error). This module adds up, per GPU and per phase of a training
-step, what each agent keeps on that GPU, and :func:`preflight` refuses a layout whose peak exceeds the
+step, what each agent keeps on that GPU, and :func:`check_memory` refuses a layout whose peak exceeds the
 GPU's memory, naming the figures and what to change. It is an estimate of the large terms, not a
 simulation: it refuses what cannot fit, it does not promise that the rest fits.
 
@@ -54,7 +54,7 @@ Phases, per group of GPUs (one group per agent with ``placement: separate``, one
   needs them, and its logits / activations.
 
 Pure functions except :func:`read_model_config` (reads a local file or the Hugging Face cache, never the
-network), :func:`detect_gpu_memory_gb` (``nvidia-smi``) and :func:`preflight` (both, and prints).
+network), :func:`detect_gpu_memory_gb` (``nvidia-smi``) and :func:`check_memory` (both, and prints).
 """
 
 from __future__ import annotations
@@ -68,13 +68,8 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from mgrpo_verl.config.schema import MultiAgentConfig
-from mgrpo_verl.trainer.multi_agent_config import (
-    ENGINES_WITH_MEMORY_FRACTION,
-    agent_full_config,
-    multi_agent_enabled,
-    parse_multi_agent,
-)
+from mgrpo_verl.config.plan import RunPlan
+from mgrpo_verl.config.rules import ENGINES_WITH_MEMORY_FRACTION
 
 logger = logging.getLogger(__name__)
 
@@ -479,20 +474,20 @@ def estimate(agents: list[AgentFigures], placement: str, gpu_gb: float) -> Memor
 # from a trainer config
 
 
-def estimate_config(
-    config: DictConfig,
+def estimate_plan(
+    plan: RunPlan,
     gpu_gb: float,
     model_configs: Optional[Mapping[str, Mapping[str, Any]]] = None,
-    ma: Optional[MultiAgentConfig] = None,
 ) -> tuple[Optional[MemoryEstimate], str]:
-    """(estimate, "") for this process's model owners, or (None, why) when a model's ``config.json`` is not
-    on this machine. ``model_configs`` (agent -> config.json values) replaces reading the files."""
+    """(estimate, "") for the model owners this process builds (``plan.local_configs``), or (None, why) when a
+    model's ``config.json`` is not on this machine. ``model_configs`` (agent -> config.json values) replaces
+    reading the files."""
     from verl.trainer.ppo.utils import need_reference_policy
 
-    ma = ma or parse_multi_agent(config)
+    ma = plan.multi_agent
     figures = []
     for spec in ma.local_owners:
-        full = agent_full_config(config, spec)
+        full = plan.agent_configs[spec.name]
         if model_configs is not None and spec.name in model_configs:
             hf = model_configs[spec.name]
         else:
@@ -545,21 +540,21 @@ def smallest_visible_gpu_gb(nvidia_smi_csv: str, visible: Optional[str]) -> Opti
     return min(sizes.values()) / GB if sizes else None
 
 
-def preflight(config: DictConfig) -> Optional[MemoryEstimate]:
-    """Estimate the layout of ``config`` and raise :class:`MemoryLayoutError` when it cannot fit; print one
-    summary line either way (or why it was skipped). Returns the estimate, ``None`` when skipped (not a
-    multi-agent config, no GPU memory known, a model's ``config.json`` not on this machine)."""
-    if not multi_agent_enabled(config):
+def check_memory(plan: RunPlan, model_configs: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Optional[MemoryEstimate]:
+    """Estimate the plan's layout and raise :class:`MemoryLayoutError` when it cannot fit; print one summary
+    line either way (or why it was skipped). Returns the estimate, ``None`` when skipped (not a multi-agent
+    run, no GPU memory known, a model's ``config.json`` not on this machine). ``model_configs`` as in
+    :func:`estimate_plan` (the launcher passes the base models of a warm start not built yet)."""
+    if plan.multi_agent is None:
         return None
-    ma = parse_multi_agent(config)
-    gpu_gb = ma.gpu_memory_gb
+    gpu_gb = plan.multi_agent.gpu_memory_gb
     source = "multi_agent.gpu_memory_gb"
     if gpu_gb is None:
         gpu_gb, source = detect_gpu_memory_gb(), "nvidia-smi"
     if gpu_gb is None:
         print("mgrpo memory estimate skipped: no GPU visible and multi_agent.gpu_memory_gb is null", flush=True)
         return None
-    est, why = estimate_config(config, gpu_gb, ma=ma)
+    est, why = estimate_plan(plan, gpu_gb, model_configs)
     if est is None:
         print(f"mgrpo memory estimate skipped: {why}", flush=True)
         return None

@@ -1,7 +1,7 @@
 """``trainer.v1.trainer_mode=mgrpo``: verl's v1 trainer with one model per agent (M-GRPO).
 
 The two sides of decoupled M-GRPO subclass it under trainer modes of their own
-(:mod:`mgrpo_verl.trainer.decoupled`); :data:`~mgrpo_verl.config.resolvers.TRAINER_MODES` maps
+(:mod:`mgrpo_verl.trainer.decoupled`); :data:`~mgrpo_verl.config.schema.TRAINER_MODES` maps
 ``multi_agent.decoupled.role`` to the mode, which ``mgrpo_verl.main_ppo`` sets before Ray starts.
 
 What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing else:
@@ -27,6 +27,7 @@ on disjoint resource pools update concurrently, one thread each (``multi_agent.c
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import logging
@@ -52,8 +53,8 @@ from verl.utils.debug import marked_timer
 from verl.utils.ray_utils import auto_await
 from verl.workers.config import HFModelConfig
 
-from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, PADDING, plan_resolved_alignment
-from mgrpo_verl.config.resolvers import TRAINER_MODES
+from mgrpo_verl.algorithms.alignment import plan_resolved_alignment
+from mgrpo_verl.config.schema import TRAINER_MODES
 from mgrpo_verl.agent_loops.multi_client import MultiAgentLLMClient
 from mgrpo_verl.trainer import checkpoints as ckpt
 from mgrpo_verl.trainer.agents import (
@@ -63,13 +64,15 @@ from mgrpo_verl.trainer.agents import (
     AgentRuntime,
     side_replica_offsets,
 )
-from mgrpo_verl.trainer.lora import VLLM_ADAPTERS_KEY, adapter_hosts, agent_client, shared_vllm_adapters
+from mgrpo_verl.config.lora import VLLM_ADAPTERS_KEY
+from mgrpo_verl.config.plan import build_plan
+from mgrpo_verl.hf_rollout.adapters import AdapterLLMServerClient
 from mgrpo_verl.trainer.lora_export import lora_settings
-from mgrpo_verl.trainer.memory import preflight
+from mgrpo_verl.trainer.memory import check_memory
 from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
-from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
 from mgrpo_verl.trainer.rows import (
     RowTable,
+    row_metrics,
     copy_keys,
     plan_update_sets,
     read_row_table,
@@ -99,12 +102,12 @@ class MultiAgentTrainer(PPOTrainer):
         pass
 
     def __init__(self, config):
-        self.multi_agent = parse_multi_agent(config)
-        role = self.multi_agent.decoupled.role
+        # one key read here, to refuse the wrong class at once; the plan is built in _setup, once the config is complete
+        role = OmegaConf.select(config, "multi_agent.decoupled.role", default=None)
         if role != self.ROLE:  # verl's registry picked the class by trainer mode; it must run this role
             raise ValueError(
                 f"trainer mode {TRAINER_MODES[self.ROLE]!r} ({type(self).__name__}) runs multi_agent.decoupled.role="
-                f"{self.ROLE!r}, but the role is {role!r}, which needs the trainer mode {TRAINER_MODES[role]!r}: "
+                f"{self.ROLE!r}, but the role is {role!r}, which needs the trainer mode {TRAINER_MODES.get(role)!r}: "
                 f"start the run with python -m mgrpo_verl.main_ppo, which sets the mode from the role"
             )
         super().__init__(config)
@@ -113,11 +116,14 @@ class MultiAgentTrainer(PPOTrainer):
 
     def _setup(self):
         self._init_tokenizer()
-        self._init_dataloader()  # writes the optimiser horizon into the config: agent configs come after
+        self._init_dataloader()  # writes the optimiser horizon into the config: the plan's agent configs come after
         self._init_dump_executor()
+        self.plan = build_plan(self.config)  # the one parse of this process
+        self.multi_agent = self.plan.multi_agent
+        print(self.plan.describe(), flush=True)
         self.agents = self._agent_runtimes()
-        # main_ppo runs it before Ray starts; again here, before any GPU memory is taken, for other entry points
-        preflight(self.config)
+        # main_ppo checks it before Ray starts; again here, before any GPU memory is taken, for other entry points
+        check_memory(self.plan)
         self._init_resource_pool_mgr()
         self.resource_pool_manager.create_resource_pool()
         self.ref_in_actor = False
@@ -149,7 +155,7 @@ class MultiAgentTrainer(PPOTrainer):
     async def _start_rollout_servers(self) -> None:
         """Every engine-owning agent's ``AgentLLMServerManager``, started concurrently when the agents have pools
         of their own (verl's ``create`` is a coroutine); a LoRA agent on another agent's base then shares that
-        agent's manager (trainer/lora.py)."""
+        agent's manager (config/lora.py)."""
 
         async def start(rt: AgentRuntime) -> None:
             pool = self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt)))
@@ -158,7 +164,7 @@ class MultiAgentTrainer(PPOTrainer):
                 config=rt.config, worker_group=rt.worker_group, rollout_resource_pool=pool, start_rank=offset
             )
 
-        hosts = {name: self.adapter_hosts.get(name, name) for name in self.agents}
+        hosts = {name: self.plan.adapter_hosts.get(name, name) for name in self.agents}
         owners = [rt for name, rt in self.agents.items() if hosts[name] == name]
         if self._start_together():
             await asyncio.gather(*(start(rt) for rt in owners))
@@ -173,20 +179,19 @@ class MultiAgentTrainer(PPOTrainer):
         return self.multi_agent.placement != "shared"
 
     def _agent_runtimes(self) -> dict[str, AgentRuntime]:
-        ma = self.multi_agent
-        configs = {spec.name: agent_full_config(self.config, spec) for spec in ma.local_owners}
-        self.adapter_hosts = adapter_hosts(configs)
-        vllm_adapters = shared_vllm_adapters(configs, self.adapter_hosts)
-        own = {name: self.adapter_hosts.get(name, name) == name for name in configs}  # guests have no replicas
+        ma, hosts = self.multi_agent, self.plan.adapter_hosts
+        # copies: the runtime configs gain the replica offsets below, the plan stays as built
+        configs = {name: copy.deepcopy(cfg) for name, cfg in self.plan.local_configs.items()}
+        own = {name: hosts.get(name, name) == name for name in configs}  # guests have no replicas
         # decoupled sides count the other side's owners too, so that their replicas never share a rank
         offsets = side_replica_offsets(ma, {name: _replica_count(cfg) if own[name] else 0 for name, cfg in configs.items()})
         runtimes = {}
         for spec in ma.local_owners:
             cfg = configs[spec.name]
             with open_dict(cfg):  # a guest's workers push their adapter to its host's replicas
-                cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[self.adapter_hosts.get(spec.name, spec.name)]
-                if spec.name in vllm_adapters:  # the agents on its vLLM engine and their adapter ids (vllm_lora.py)
-                    cfg.actor_rollout_ref.rollout.custom[VLLM_ADAPTERS_KEY] = vllm_adapters[spec.name]
+                cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[hosts.get(spec.name, spec.name)]
+                if spec.name in self.plan.vllm_adapters:  # the agents on its vLLM engine and their ids (vllm_rollout/lora.py)
+                    cfg.actor_rollout_ref.rollout.custom[VLLM_ADAPTERS_KEY] = self.plan.vllm_adapters[spec.name]
             runtimes[spec.name] = AgentRuntime(
                 name=spec.name,
                 trainable=spec.trainable,
@@ -252,7 +257,13 @@ class MultiAgentTrainer(PPOTrainer):
 
     def get_llm_client(self) -> MultiAgentLLMClient:
         ma = self.multi_agent
-        clients = {n: agent_client(self.agents[ma.owner_of(n)].llm, ma.owner_of(n), self.adapter_hosts) for n in ma.agents}
+        clients = {}
+        for name in ma.agents:
+            owner = ma.owner_of(name)
+            llm = self.agents[owner].llm
+            # on a shared engine (adapter_hosts) the client's requests name the owner's adapter
+            clients[name] = (llm.get_client(client_cls=AdapterLLMServerClient, lora_name=owner)
+                             if owner in self.plan.adapter_hosts else llm.get_client())
         return MultiAgentLLMClient(clients, main=ma.main)
 
     # ------------------------------------------------------------------------------------ weight sync
@@ -290,7 +301,7 @@ class MultiAgentTrainer(PPOTrainer):
             # 3. align: every sub-agent to D_max rows per main rollout; each model's update set
             alignment, updates = self._plan_updates(table, advantage)
         # 4. log: per-agent and alignment statistics of the real rows
-        metrics.update(_row_metrics(table, advantage, batch.tags, alignment))
+        metrics.update(row_metrics(table, advantage, batch.tags, alignment))
         # 5. update each trainable model on its rows (aligned copies first, then verl's chain per model)
         keys, tags = self._train_models(batch, table, updates, metrics, timing_raw)
         return KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=tags)
@@ -405,12 +416,7 @@ class MultiAgentTrainer(PPOTrainer):
         """Whether the models' update chains run in threads of their own: ``multi_agent.concurrent_updates``
         ``auto`` (the default) when at least two models update and every one owns a resource pool of its
         own (models sharing a pool share GPUs: they stay sequential); ``false``: always sequential."""
-        mode = OmegaConf.select(self.config, "multi_agent.concurrent_updates", default="auto")
-        if mode is False:
-            return False
-        if mode not in (None, "auto"):
-            raise ValueError(f"multi_agent.concurrent_updates must be 'auto' or false, got {mode!r}")
-        if len(agents) < 2:
+        if self.multi_agent.concurrent_updates is False or len(agents) < 2:
             return False
         pools = [self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt))) for rt in agents]
         return len({id(pool) for pool in pools}) == len(pools)
@@ -512,39 +518,6 @@ def _replica_count(config) -> int:
     rollout = config.actor_rollout_ref.rollout
     world = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
     return config.trainer.n_gpus_per_node // world
-
-
-def _row_metrics(table: RowTable, advantage: np.ndarray, tags: list[dict], alignment) -> dict[str, float]:
-    """Per-agent statistics of the real rows (``tags``: TransferQueue tag of each table row), and the
-    alignment counts per sub-agent."""
-    response_len = np.array([tag.get("response_len", 0) for tag in tags], dtype=np.float64)
-    out: dict[str, float] = {}
-    main = np.flatnonzero(table.is_main)
-    for name in np.unique(table.agent):
-        rows = np.flatnonzero(table.agent == name)
-        p = f"agent/{name}/"
-        out[p + "rows"] = float(len(rows))
-        for label, values in (("score", table.score[rows]), ("advantages", advantage[rows]), ("response_length", response_len[rows])):
-            out[p + f"{label}/mean"] = float(values.mean())
-            out[p + f"{label}/max"] = float(values.max())
-            out[p + f"{label}/min"] = float(values.min())
-        out[p + "advantages/std"] = float(advantage[rows].std())
-        if not table.is_main[rows].any():
-            calls = np.bincount(table.parent_row[rows], minlength=len(table))[main]
-            out[p + "calls_per_rollout/mean"] = float(calls.mean())
-            out[p + "calls_per_rollout/max"] = float(calls.max())
-            out[p + "calls_per_rollout/zero_frac"] = float((calls == 0).mean())
-    if alignment is not None:
-        plan = alignment.plan
-        for a, name in enumerate(alignment.agent_names):
-            kind, calls = plan.kind[:, a, :], plan.calls[:, a]
-            p = f"mgrpo/align/{name}/"
-            out[p + "d_max"] = float(plan.d_max)
-            out[p + "dropped"] = float(np.maximum(calls - plan.d_max, 0).sum())
-            out[p + "duplicated"] = float((kind == DUPLICATE).sum())
-            out[p + "borrowed"] = float((kind == BORROWED).sum())
-            out[p + "padding"] = float((kind == PADDING).sum())
-    return out
 
 
 # ------------------------------------------------------------------------------ per-agent view / threads

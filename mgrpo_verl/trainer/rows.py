@@ -6,8 +6,7 @@ trainer only holds keys and tags. The pure part of this module works on a :class
 arrays read once from TransferQueue) and is tested without Ray; the functions at the end are the thin
 TransferQueue reads and writes.
 
-Row metadata comes from the agent loop (``mgrpo_verl/agent_loops/delegation.py``):
-``extra_fields["mgrpo"] = {"agent", "traj_id", "parent_traj_id", "score", ...}``. The row's own score is
+Row metadata is the row contract the agent loops write (:mod:`mgrpo_verl.rowmeta`). The row's own score is
 taken from there, not from ``rm_scores``: verl's TransferQueue agent loop copies the final output's
 reward onto every earlier output of the same call (``agent_loop_tq.py``), so ``rm_scores`` of a sub row
 holds its parent's score until :func:`write_row_values` rewrites it.
@@ -24,17 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from mgrpo_verl.algorithms.alignment import ORIGINAL, PADDING, PADDING_ZEROED, BatchAlignment
+from mgrpo_verl.algorithms.alignment import BORROWED, DUPLICATE, ORIGINAL, PADDING, PADDING_ZEROED, BatchAlignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.algorithms.hierarchy import resolve_parents
 from mgrpo_verl.algorithms.magrpo import magrpo_row_advantage
 from mgrpo_verl.algorithms.mgrpo import mgrpo_scalar_advantage
-
-#: Key of our metadata in a row's ``extra_fields``.
-ROW_META = "mgrpo"
-
-#: Key of a MAGRPO row's place in its joint-action tree (``node_id``, ``parent_node_id``, ``turn``).
-NODE_META = "magrpo"
+from mgrpo_verl.rowmeta import NODE_META, ROW_META, NodeMeta, RowMeta
 
 #: Index of the first aligned copy in a key ``{uid}_{session}_{index}``; agent-loop outputs use 0.. so
 #: copies never collide with real rows, and verl's ``rsplit("_", 2)`` + ``int`` parsing still works.
@@ -71,46 +65,32 @@ class RowTable:
 
 
 def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -> RowTable:
-    """Validate the rows' metadata and resolve the hierarchy.
+    """Read the rows' metadata (:meth:`~mgrpo_verl.rowmeta.RowMeta.read`) and resolve the hierarchy.
 
     Raises:
-        ValueError: a row without ``extra_fields["mgrpo"]`` (its agent loop is not a multi-agent loop),
-            a missing key in it, a non-finite score, or a broken hierarchy (``resolve_parents``).
+        ValueError: a row without the row contract (its agent loop is not a multi-agent loop), a missing or
+            mistyped field, a non-finite score, some rows with a MAGRPO node and others without, or a broken
+            hierarchy (``resolve_parents``).
     """
     if not (len(keys) == len(uids) == len(extra_fields)):
         raise ValueError(f"row table: {len(keys)} keys, {len(uids)} uids, {len(extra_fields)} extra_fields")
-    metas = []
-    for key, extra in zip(keys, extra_fields):
-        meta = extra.get(ROW_META) if isinstance(extra, dict) else None
-        if not isinstance(meta, dict):
-            raise ValueError(
-                f"row {key!r} has no extra_fields[{ROW_META!r}]: it was not produced by a multi-agent loop "
-                "(set actor_rollout_ref.rollout.agent.default_agent_loop or the dataset's agent_name to one, "
-                "e.g. mgrpo_relay)"
-            )
-        missing = [k for k in ("agent", "traj_id", "parent_traj_id", "score") if k not in meta]
-        if missing:
-            raise ValueError(f"row {key!r}: extra_fields[{ROW_META!r}] lacks {missing}")
-        metas.append(meta)
-    score = np.array([float(m["score"]) for m in metas], dtype=np.float64)
-    bad = ~np.isfinite(score)
-    if bad.any():
-        raise ValueError(f"row table: non-finite score in rows {[keys[i] for i in np.flatnonzero(bad)[:5]]}")
+    metas = [RowMeta.read(extra, key) for key, extra in zip(keys, extra_fields)]
     table = dict(
         keys=np.array(keys, dtype=object),
-        agent=np.array([str(m["agent"]) for m in metas], dtype=object),
+        agent=np.array([m.agent for m in metas], dtype=object),
         uid=np.array([str(u) for u in uids], dtype=object),
-        traj_id=np.array([str(m["traj_id"]) for m in metas], dtype=object),
-        parent_traj_id=np.array([str(m["parent_traj_id"]) for m in metas], dtype=object),
+        traj_id=np.array([m.traj_id for m in metas], dtype=object),
+        parent_traj_id=np.array([m.parent_traj_id for m in metas], dtype=object),
     )
     parent_row = resolve_parents(table["traj_id"], table["parent_traj_id"], table["uid"], "multi-agent step")
     nodes = None
-    trees = [extra.get(NODE_META) for extra in extra_fields]
+    trees = [NodeMeta.read(extra) for extra in extra_fields]
     if any(t is not None for t in trees):
-        if not all(isinstance(t, dict) and {"node_id", "parent_node_id", "turn"} <= set(t) for t in trees):
-            bad = [k for k, t in zip(keys, trees) if not isinstance(t, dict)][:5]
+        if not all(t is not None for t in trees):
+            bad = [k for k, t in zip(keys, trees) if t is None][:5]
             raise ValueError(f"row table: some rows carry extra_fields[{NODE_META!r}] and others do not (e.g. {bad})")
-        nodes = {name: np.array([t[name] for t in trees], dtype=object) for name in ("node_id", "parent_node_id", "turn")}
+        nodes = {name: np.array([getattr(t, name) for t in trees], dtype=object) for name in ("node_id", "parent_node_id", "turn")}
+    score = np.array([m.score for m in metas], dtype=np.float64)
     return RowTable(**table, score=score, parent_row=parent_row, nodes=nodes)
 
 
@@ -298,6 +278,39 @@ def copy_keys(table: RowTable, update: UpdateSet, taken: set[str]) -> list[str]:
     return keys
 
 
+def row_metrics(table: RowTable, advantage: np.ndarray, tags: list[dict], alignment) -> dict[str, float]:
+    """Per-agent statistics of the real rows (``tags``: TransferQueue tag of each table row), and the
+    alignment counts per sub-agent."""
+    response_len = np.array([tag.get("response_len", 0) for tag in tags], dtype=np.float64)
+    out: dict[str, float] = {}
+    main = np.flatnonzero(table.is_main)
+    for name in np.unique(table.agent):
+        rows = np.flatnonzero(table.agent == name)
+        p = f"agent/{name}/"
+        out[p + "rows"] = float(len(rows))
+        for label, values in (("score", table.score[rows]), ("advantages", advantage[rows]), ("response_length", response_len[rows])):
+            out[p + f"{label}/mean"] = float(values.mean())
+            out[p + f"{label}/max"] = float(values.max())
+            out[p + f"{label}/min"] = float(values.min())
+        out[p + "advantages/std"] = float(advantage[rows].std())
+        if not table.is_main[rows].any():
+            calls = np.bincount(table.parent_row[rows], minlength=len(table))[main]
+            out[p + "calls_per_rollout/mean"] = float(calls.mean())
+            out[p + "calls_per_rollout/max"] = float(calls.max())
+            out[p + "calls_per_rollout/zero_frac"] = float((calls == 0).mean())
+    if alignment is not None:
+        plan = alignment.plan
+        for a, name in enumerate(alignment.agent_names):
+            kind, calls = plan.kind[:, a, :], plan.calls[:, a]
+            p = f"mgrpo/align/{name}/"
+            out[p + "d_max"] = float(plan.d_max)
+            out[p + "dropped"] = float(np.maximum(calls - plan.d_max, 0).sum())
+            out[p + "duplicated"] = float((kind == DUPLICATE).sum())
+            out[p + "borrowed"] = float((kind == BORROWED).sum())
+            out[p + "padding"] = float((kind == PADDING).sum())
+    return out
+
+
 # ----------------------------------------------------------------------------------- TransferQueue I/O
 
 
@@ -306,10 +319,10 @@ def read_row_table(batch) -> RowTable:
     import transfer_queue as tq
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
-    return build_row_table(list(batch.keys), _as_list(data["uid"]), _as_list(data["extra_fields"]))
+    return build_row_table(list(batch.keys), as_list(data["uid"]), as_list(data["extra_fields"]))
 
 
-def _as_list(values) -> list:
+def as_list(values) -> list:
     """A non-tensor TransferQueue field as a list (a ``NonTensorStack``, or a plain list subclass when the
     selection holds no tensor)."""
     values = values.tolist() if hasattr(values, "tolist") else list(values)
@@ -373,10 +386,10 @@ def write_copies(batch, table: RowTable, update: UpdateSet, new_keys: list[str])
         for name in row.keys():  # verl's padding helper reads a row the same way
             value = row[name]
             field[name] = value.clone() if isinstance(value, torch.Tensor) else copy_module.deepcopy(value)
-        meta = dict(field["extra_fields"][ROW_META])
-        meta["parent_traj_id"] = str(table.traj_id[update.parent[i]])
-        meta["aligned_from"] = str(table.traj_id[update.source[i]])
-        field["extra_fields"] = {**field["extra_fields"], ROW_META: meta}
+        meta = dataclasses.replace(RowMeta.read(field["extra_fields"], new_keys[j]),
+                                   parent_traj_id=str(table.traj_id[update.parent[i]]),
+                                   aligned_from=str(table.traj_id[update.source[i]]))
+        field["extra_fields"] = {**field["extra_fields"], ROW_META: meta.write()}
         if update.zero[i]:
             for name in PADDING_ZEROED:
                 if name in field and isinstance(field[name], torch.Tensor):

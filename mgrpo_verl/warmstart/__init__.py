@@ -17,8 +17,9 @@ task is not yet solved (held-out exact accuracy well below 1), leaving the rest 
   rollout's own loop with Hugging Face generation;
 * :mod:`~mgrpo_verl.warmstart.build`: all of it, cached by its inputs.
 
-``python -m mgrpo_verl.main_ppo task=relay_tools`` starts RL from it: the ``mgrpo_warmstart`` resolver
-(:mod:`mgrpo_verl.config.resolvers`) builds or finds the warm start when the config resolves.
+``python -m mgrpo_verl.main_ppo task=relay_tools`` starts RL from it: the config names it
+(``mgrpo_verl.warmstart``), the ``mgrpo_warmstart`` resolver answers where it is published, and the launcher's
+warm-start stage (:mod:`mgrpo_verl.launcher.warm_start`) builds it before Ray when it is not cached.
 """
 
 from mgrpo_verl.warmstart.build import WarmStart, WarmStartSpec, cached, warm_start

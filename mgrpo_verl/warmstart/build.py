@@ -101,7 +101,8 @@ def _main_ppo_overrides(preset: str, main: Path, sub: Path) -> list[str]:
 def spec_from_settings(task: str, settings: dict[str, Any]) -> WarmStartSpec:
     """The :class:`WarmStartSpec` of ``task`` with ``settings`` (flat: fields of the spec and of its
     :class:`~mgrpo_verl.warmstart.sft.SFTSettings`); ``None`` values keep the defaults. The
-    ``mgrpo_warmstart`` resolver (``mgrpo_verl.warmstart`` of the ``task=relay_tools`` preset) passes them.
+    launcher (``mgrpo_verl.warmstart`` of the ``task=relay_tools`` preset, :mod:`mgrpo_verl.launcher.warm_start`)
+    passes them.
 
     Raises:
         ValueError: a key that is neither a spec nor an SFT setting.
@@ -137,9 +138,10 @@ def default_root() -> Path:
     return cache_root() / "warmstart"
 
 
-def _bases(spec: WarmStartSpec) -> dict[str, tuple[str, str]]:
+def base_models(spec: WarmStartSpec) -> dict[str, tuple[str, str]]:
     """(model dir, tokenizer dir) per agent; the sub-agent's is the main agent's base when it starts from the
-    main agent's checkpoint (that checkpoint exists only once built: :func:`_build` resolves it)."""
+    main agent's checkpoint (that checkpoint exists only once built: :func:`_build` resolves it). The
+    launcher's memory estimate reads a warm start's architecture from its base before it is built."""
     main = _base_model(spec.main_model)
     return {"main": main, "sub": main if spec.sub_model == FROM_MAIN else _base_model(spec.sub_model)}
 
@@ -154,7 +156,7 @@ def agent_settings(spec: WarmStartSpec, agent: str) -> sft.SFTSettings:
 
 
 def cache_key(spec: WarmStartSpec, bases: dict[str, tuple[str, str]]) -> str:
-    from mgrpo_verl.models.tiny import _key
+    from mgrpo_verl.models.tiny import content_key
 
     from mgrpo_verl.models.tiny import cache_root
 
@@ -162,14 +164,17 @@ def cache_key(spec: WarmStartSpec, bases: dict[str, tuple[str, str]]) -> str:
         return Path(path).name if Path(path).is_relative_to(cache_root()) else str(Path(path).resolve())
 
     payload = {"v": VERSION, "spec": asdict(spec), "bases": {a: [ident(p) for p in bases[a]] for a in bases}}
-    return _key(payload)
+    return content_key(payload)
+
+
+def target_dir(spec: WarmStartSpec, root: Optional[str | Path] = None) -> Path:
+    """Where the warm start of ``spec`` is published under ``root`` (default :func:`default_root`), built or not."""
+    return Path(root or default_root()) / f"{spec.task}-{cache_key(spec, base_models(spec))}"
 
 
 def cached(spec: WarmStartSpec, root: Optional[str | Path] = None) -> Optional[WarmStart]:
     """The published warm start of ``spec`` under ``root``, or ``None`` when there is none yet."""
-    bases = _bases(spec)
-    target = Path(root or default_root()) / f"{spec.task}-{cache_key(spec, bases)}"
-    return _published(target)
+    return _published(target_dir(spec, root))
 
 
 def _published(target: Path) -> Optional[WarmStart]:
@@ -181,19 +186,18 @@ def _published(target: Path) -> Optional[WarmStart]:
 
 def warm_start(spec: WarmStartSpec = WarmStartSpec(), root: Optional[str | Path] = None, log=print) -> WarmStart:
     """The warm start of ``spec``: the published one when it exists, else built and published now."""
-    from mgrpo_verl.models.tiny import _build_once
+    from mgrpo_verl.models.tiny import build_once
 
     if spec.task not in demos.TASKS:  # before anything is built
         raise ValueError(f"no demonstrations for task {spec.task!r}; tasks with demonstrations: {sorted(demos.TASKS)}")
-    bases = _bases(spec)
-    root = Path(root or default_root())
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"{spec.task}-{cache_key(spec, bases)}"
+    bases = base_models(spec)
+    target = target_dir(spec, root)
+    target.parent.mkdir(parents=True, exist_ok=True)
     found = _published(target)
     if found is not None:
         log(f"warm start: cached at {target}")
         return found
-    _build_once(target, lambda tmp: _build(spec, bases, tmp, target, log))
+    build_once(target, lambda tmp: _build(spec, bases, tmp, target, log))
     result = _published(target)
     assert result is not None
     return result

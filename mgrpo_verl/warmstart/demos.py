@@ -6,7 +6,7 @@ is offered in the rollout. Everything that the rollout would compute is computed
 
 * prompts: :func:`mgrpo_verl.envs.relay.tool_main_messages` (main agent) and the configured
   ``sub_prompt`` (default :func:`mgrpo_verl.envs.relay.tool_sub_messages`) applied to the demonstrated task;
-* tools: the delegation tool's schema from :class:`mgrpo_verl.agent_loops.tool_delegation._DelegationTool` (the
+* tools: the delegation tool's schema from :class:`mgrpo_verl.agent_loops.tool_delegation.DelegationTool` (the
   one the loop adds), the sub-agent's tools loaded by verl's ``load_all_tools`` from the task's tool config
   (:data:`mgrpo_verl.envs.relay.SUB_TOOL_CONFIG`), dumped as the loop dumps them
   (``model_dump(exclude_unset=True, exclude_none=True)``);
@@ -127,10 +127,10 @@ class RelayToolsDemos:
         always copy the report they are given. 1 (default): every demonstration is correct."""
         from verl.tools.tool_registry import load_all_tools
 
-        from mgrpo_verl.agent_loops.tool_delegation import _DelegationTool
+        from mgrpo_verl.agent_loops.tool_delegation import DelegationTool
 
         self.sub = sub
-        self.delegation_tool = _DelegationTool.for_agent(sub)
+        self.delegation_tool = DelegationTool.for_agent(sub)
         self.sub_tools = {tool.name: tool for tool in load_all_tools(tool_config_path=tool_config_path, function_tool_path=None)}
         if relay.SECRET_TOOL not in self.sub_tools:
             raise ValueError(f"{tool_config_path} gives the sub-agent no {relay.SECRET_TOOL!r} tool")

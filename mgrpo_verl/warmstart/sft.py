@@ -175,9 +175,11 @@ def publish_base(model_dir: str | Path, tokenizer_dir: str | Path, target: Path)
 
 
 def main() -> None:
-    from mgrpo_verl.plugin import ensure_registered
+    # the CPU platform and its engines (all the SFT trainer needs of ours), registered here so that an error shows:
+    # verl swallows a plugin's exceptions on ``import verl``
+    from mgrpo_verl.platform import register_cpu_platform
 
-    ensure_registered()
+    register_cpu_platform()
     from verl.trainer.sft_trainer import main as verl_sft_main
 
     verl_sft_main()

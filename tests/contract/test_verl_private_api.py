@@ -58,7 +58,7 @@ DECOUPLED = "mgrpo_verl/trainer/decoupled.py"
 ROWS = "mgrpo_verl/trainer/rows.py"
 TOOL_DELEGATION = "mgrpo_verl/agent_loops/tool_delegation.py"
 SUB_SERVICE = "mgrpo_verl/agent_loops/sub_service.py"
-VLLM_LORA = "mgrpo_verl/vllm_lora.py"
+VLLM_LORA = "mgrpo_verl/vllm_rollout/lora.py"
 VLLM_UTILS = "verl.workers.rollout.vllm_rollout.utils"
 VLLM_SERVER = "verl.workers.rollout.vllm_rollout.vllm_async_server"
 
@@ -112,10 +112,10 @@ SEAMS: tuple[Seam, ...] = (
          params=("self",), sha256="c4c19f471702b8276e0a4f9f155c919d1a58186129d2b32b1c0b59570b14fe1f",
          recheck="MultiAgentTrainer._setup calls it before _init_dataloader; check it still only sets the tokenizer/processor"),
     Seam(f"{TRAINER_BASE}:PPOTrainer._init_dataloader", (PER_AGENT,),
-         "called in our _setup before the agents' configs are built: it writes the optimiser horizon "
-         "(total_training_steps) into self.config, which every agent config copies",
+         "called in our _setup before the run's plan (config/plan.py) is built: it writes the optimiser horizon "
+         "(total_training_steps) into self.config, which every agent config of the plan copies",
          params=("self",), sha256="86cf3749e087b883b1ddfd5b153f1e8c0d1bc83aaa0c66bf43ce63c04602d3c4",
-         recheck="MultiAgentTrainer._setup / _agent_runtimes: the agent configs must still be derived after every "
+         recheck="MultiAgentTrainer._setup: build_plan (the agent configs) must still come after every "
                  "config value this method writes; its trainer_mode checks see 'sync'"),
     Seam(f"{TRAINER_BASE}:PPOTrainer._init_dump_executor", (PER_AGENT,),
          "called in our _setup as in verl's (rollout data dumps)",
@@ -294,7 +294,7 @@ SEAMS: tuple[Seam, ...] = (
          "AgentLoRAWorkerExtension overrides it: an adapter sync (peft_config and base_sync_done) loads the named "
          "agent's adapter under its own id instead of VLLM_LORA_INT_ID; other syncs are verl's",
          params=("self", "weights", "peft_config", "base_sync_done"),
-         overrides=("mgrpo_verl.vllm_lora:AgentLoRAWorkerExtension._update_weights",),
+         overrides=("mgrpo_verl.vllm_rollout.lora:AgentLoRAWorkerExtension._update_weights",),
          sha256="92931d5a1a126c22a74ed65897bc483d4386abda4610ab5aa832026775f80f3d",
          recheck="AgentLoRAWorkerExtension._update_weights: verl's LoRA branch (clone, TensorLoRARequest fields, "
                  "add_lora) that ours re-implements per agent", requires="vllm"),
@@ -307,7 +307,7 @@ SEAMS: tuple[Seam, ...] = (
                  "arrives whole at one _update_weights call", requires="vllm"),
     Seam(f"{VLLM_SERVER}:vLLMHttpServer._get_worker_extension_cls", (VLLM_LORA,),
          "AgentLoRAvLLMHttpServer overrides it to start vLLM with AgentLoRAWorkerExtension",
-         params=("self",), overrides=("mgrpo_verl.vllm_lora:AgentLoRAvLLMHttpServer._get_worker_extension_cls",),
+         params=("self",), overrides=("mgrpo_verl.vllm_rollout.lora:AgentLoRAvLLMHttpServer._get_worker_extension_cls",),
          requires="vllm"),
     Seam(f"{VLLM_SERVER}:vLLMHttpServer.generate", (VLLM_LORA,),
          "AgentLoRAvLLMHttpServer.generate sets the request's adapter in a context variable and calls it; "
@@ -664,7 +664,7 @@ def private_verl_names_used() -> dict[str, set[str]]:
         except ModuleNotFoundError as e:
             if e.name != "vllm":
                 raise
-            continue  # mgrpo_verl/vllm_lora.py without vLLM: scanned in .venv-vllm (CI's second run of this file)
+            continue  # mgrpo_verl/vllm_rollout/lora.py without vLLM: scanned in .venv-vllm (CI's second run of this file)
         for class_node in classes:
             cls = getattr(module, class_node.name, None)
             verl_bases = [b for b in getattr(cls, "__mro__", ()) if b.__module__.split(".")[0] == "verl"]

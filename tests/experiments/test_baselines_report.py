@@ -97,7 +97,7 @@ def test_single_agent_on_relay_tools_has_the_sub_agents_tool():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from mgrpo_verl.config.resolvers import register_resolvers
+    from mgrpo_verl.launcher.resolvers import register_resolvers
 
     register_resolvers()
     overrides = ["task=relay_tools", *task_variants("relay_tools")["single"]]

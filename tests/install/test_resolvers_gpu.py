@@ -11,8 +11,8 @@ import torch
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from mgrpo_verl.config import resolvers
-from mgrpo_verl.config.resolvers import register_resolvers
+from mgrpo_verl.launcher import resolvers
+from mgrpo_verl.launcher.resolvers import register_resolvers
 
 register_resolvers()
 
@@ -39,7 +39,7 @@ def test_attention_on_accelerators_follows_flash_attn(flash_attn, caplog):
     flash_attn(True)
     assert resolvers._attention("accelerator") == "flash_attention_2"
     flash_attn(False)
-    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.config.resolvers"):
+    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.launcher.resolvers"):
         assert resolvers._attention("accelerator") == "sdpa"
         assert resolvers._attention("accelerator") == "sdpa"
     lines = [r.getMessage() for r in caplog.records]

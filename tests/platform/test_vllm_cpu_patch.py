@@ -9,7 +9,7 @@ pytest.importorskip("vllm", reason="needs vLLM's CPU build: bash recipes/vllm_cp
 import torch  # noqa: E402
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # noqa: E402
 
-from mgrpo_verl.main_ppo import VLLM_CPU_HEAD_SIZES  # noqa: E402
+from mgrpo_verl.launcher.preflight import VLLM_CPU_HEAD_SIZES  # noqa: E402
 from mgrpo_verl.platform import vllm_cpu_weights as patch  # noqa: E402
 
 

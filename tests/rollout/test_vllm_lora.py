@@ -1,4 +1,4 @@
-"""Several agents' LoRA adapters in one vLLM engine (mgrpo_verl/vllm_lora.py), piece by piece: which adapter a
+"""Several agents' LoRA adapters in one vLLM engine (mgrpo_verl/vllm_rollout/lora.py), piece by piece: which adapter a
 request is generated with, what a sync loads and under which id, a guest's base sync, the refusals. Each piece
 runs our method with verl's / vLLM's own method beneath it replaced by a recorder; the whole path (real vLLM
 engine, real syncs, two agents training) is tests/trainer/test_vllm_cpu_e2e.py. Needs vLLM's CPU build (CI runs

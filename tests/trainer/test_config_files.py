@@ -8,9 +8,10 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import mgrpo_verl.config
-from mgrpo_verl.config.resolvers import register_resolvers
+from mgrpo_verl.launcher.resolvers import register_resolvers
 from mgrpo_verl.config.schema import AgentConfig, MultiAgentConfig, load_multi_agent
-from mgrpo_verl.trainer.multi_agent_config import multi_agent_enabled, parse_multi_agent
+from mgrpo_verl.config.plan import build_plan
+from mgrpo_verl.config.rules import multi_agent_enabled
 
 register_resolvers()
 
@@ -32,7 +33,7 @@ def test_default_task_is_relay_tools():
 def test_relay_config_is_multi_agent_relay():
     cfg = _compose("mgrpo_trainer", "task=relay")
     assert cfg.trainer.v1.trainer_mode == "mgrpo" and multi_agent_enabled(cfg)
-    parsed = parse_multi_agent(cfg)
+    parsed = build_plan(cfg).multi_agent
     assert list(parsed.agents) == ["main", "sub"] and parsed.delegation.sub_agent == "sub"
     assert cfg.mgrpo_verl.task == "relay"
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_relay"
@@ -82,7 +83,7 @@ def test_research_presets_set_the_research_task():
     gpu = _compose("mgrpo_trainer", "task=relay", "research=gpu")
     assert gpu.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_delegate"
     assert gpu.actor_rollout_ref.rollout.n == 8 and gpu.actor_rollout_ref.rollout.name == "vllm"
-    parsed = parse_multi_agent(gpu)
+    parsed = build_plan(gpu).multi_agent
     assert {a.name: a.n_gpus_per_node for a in parsed.agents.values()} == {"main": 4, "sub": 4}
     assert DelegationSettings.from_config(gpu).sub_prompt is prompts.sub_messages
 

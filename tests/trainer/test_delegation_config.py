@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 import dataclasses
 
 from mgrpo_verl.config.schema import DelegationConfig
-from mgrpo_verl.trainer.multi_agent_config import parse_multi_agent
+from mgrpo_verl.config.plan import build_plan
 
 DELEGATION_KEYS = [f.name for f in dataclasses.fields(DelegationConfig) if f.name != "_target_"]
 
@@ -31,15 +31,15 @@ def config(**delegation):
 
 def test_defaults_and_keys():
     assert {"sub_max_turns", "sub_prompt"} <= set(DELEGATION_KEYS)
-    parsed = parse_multi_agent(config()).delegation
+    parsed = build_plan(config()).multi_agent.delegation
     assert (parsed.sub_max_turns, parsed.sub_prompt) == (2, None)
     assert parsed == DelegationConfig(sub_agent="sub")
 
 
 def test_values_are_kept():
-    parsed = parse_multi_agent(config(sub_max_turns=5, sub_prompt="mgrpo_verl.envs.relay:tool_sub_messages")).delegation
+    parsed = build_plan(config(sub_max_turns=5, sub_prompt="mgrpo_verl.envs.relay:tool_sub_messages")).multi_agent.delegation
     assert parsed.sub_max_turns == 5 and parsed.sub_prompt == "mgrpo_verl.envs.relay:tool_sub_messages"
-    assert parse_multi_agent(config(sub_max_turns=None, sub_prompt=None)).delegation.sub_max_turns == 2  # null: default
+    assert build_plan(config(sub_max_turns=None, sub_prompt=None)).multi_agent.delegation.sub_max_turns == 2  # null: default
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_values_are_kept():
 )
 def test_bad_values(delegation, field):
     with pytest.raises(ValueError, match=f"multi_agent.delegation.{field}"):
-        parse_multi_agent(config(**delegation))
+        build_plan(config(**delegation))
 
 
 @pytest.mark.parametrize("where", ["top", "sub"])
@@ -71,6 +71,6 @@ def test_batch_must_split_into_whole_mini_batches_for_every_model(where):
         cfg.multi_agent.agents.sub = {"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 3}}}
     agent = "main" if where == "top" else "sub"
     with pytest.raises(ValueError, match=f"not a multiple of .*ppo_mini_batch_size 3 of agent '{agent}'"):
-        parse_multi_agent(cfg)
+        build_plan(cfg)
     cfg.data.train_batch_size = 6 if where == "top" else 12
-    parse_multi_agent(cfg)  # 6 = 2 x 3, 12 = 4 x 3 (and 6 x 2)
+    build_plan(cfg)  # 6 = 2 x 3, 12 = 4 x 3 (and 6 x 2)

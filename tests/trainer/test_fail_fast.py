@@ -23,8 +23,9 @@ from hydra import compose, initialize_config_module
 import verl.trainer.main_ppo  # imported once here, so that the timed calls measure the checks, not the imports
 
 from mgrpo_verl import main_ppo
-from mgrpo_verl.config.resolvers import register_resolvers
-from mgrpo_verl.trainer.multi_agent_config import check_model_paths, parse_multi_agent
+from mgrpo_verl.launcher.resolvers import register_resolvers
+from mgrpo_verl.config.plan import build_plan
+from mgrpo_verl.config.rules import check_model_paths
 
 register_resolvers()
 
@@ -86,7 +87,7 @@ def test_rollout_n_below_one(run, n):
 def test_rollout_n_one_is_a_warning_not_an_error(run, caplog):
     """n=1: verl's GRPO gives a group of one mean 0 and std 1 (advantage = raw score), a valid if weak setting,
     so it is allowed, with a warning (MAGRPO even requires n=1)."""
-    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.trainer.multi_agent_config"):
+    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.config.rules"):
         err, _ = run("actor_rollout_ref.rollout.n=1", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4")
     assert isinstance(err, ReachedRay), err
     assert any("rollout.n=1" in r.getMessage() and "raw score" in r.getMessage() for r in caplog.records)
@@ -176,7 +177,7 @@ def test_known_keys_in_agent_override_pass(tmp_path):
         "+multi_agent.agents.sub.actor_rollout_ref.rollout.custom.anything=1",
         tmp_path=tmp_path,
     )
-    parse_multi_agent(config)
+    build_plan(config)
 
 
 def test_every_top_level_key_is_accepted_as_an_agent_override(tmp_path):
@@ -187,7 +188,7 @@ def test_every_top_level_key_is_accepted_as_an_agent_override(tmp_path):
 
     from omegaconf import OmegaConf
 
-    from mgrpo_verl.trainer.multi_agent_config import check_override_keys
+    from mgrpo_verl.config.rules import check_override_keys
 
     config = _compose(tmp_path=tmp_path)
     top = OmegaConf.to_container(config.actor_rollout_ref, resolve=False)

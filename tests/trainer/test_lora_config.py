@@ -1,4 +1,4 @@
-"""LoRA agents in the multi_agent config (mgrpo_verl/trainer/lora.py): verl's own ``model.lora_rank`` /
+"""LoRA agents in the multi_agent config (mgrpo_verl/config/lora.py): verl's own ``model.lora_rank`` /
 ``lora_alpha`` / ``target_modules`` per agent, which agents share one HF rollout engine, and the refusals,
 all before Ray starts. On verl's generated trainer config."""
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from mgrpo_verl.trainer.lora import adapter_hosts, shared_vllm_adapters
-from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
+from mgrpo_verl.config.lora import adapter_hosts, shared_vllm_adapters
+from mgrpo_verl.config.plan import build_plan
+from mgrpo_verl.config.rules import agent_full_config
 
 
 def _config(main: dict | None = None, sub: dict | None = None, **top):
@@ -44,7 +45,7 @@ def lora(rank=8, **model):
 def test_two_lora_agents_on_one_base_share_one_engine_with_their_own_settings():
     config = _config(main=lora(8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
                      sub=lora(2, lora_alpha=4, target_modules="all-linear"))
-    ma = parse_multi_agent(config)
+    ma = build_plan(config).multi_agent
     assert adapter_hosts(_fulls(config, ma)) == {"main": "main", "sub": "main"}
     sub = agent_full_config(config, ma.agent("sub")).actor_rollout_ref.model
     main = agent_full_config(config, ma.agent("main")).actor_rollout_ref.model
@@ -54,7 +55,7 @@ def test_two_lora_agents_on_one_base_share_one_engine_with_their_own_settings():
 
 def test_top_level_lora_makes_every_agent_an_adapter():
     config = _config(actor_rollout_ref__model__lora_rank=4)
-    ma = parse_multi_agent(config)
+    ma = build_plan(config).multi_agent
     assert adapter_hosts(_fulls(config, ma)) == {"main": "main", "sub": "main"}
 
 
@@ -69,7 +70,7 @@ def test_top_level_lora_makes_every_agent_an_adapter():
 ], ids=["full_main_lora_sub", "two_bases", "merge", "hf_and_vllm", "vllm_shared", "sglang", "no_lora"])
 def test_mixed_setups(main, sub, hosts):
     config = _config(main=main, sub=sub)
-    assert adapter_hosts(_fulls(config, parse_multi_agent(config))) == hosts
+    assert adapter_hosts(_fulls(config, build_plan(config).multi_agent)) == hosts
 
 
 def test_shared_vllm_engine_table_gives_each_agent_an_id_and_the_largest_rank():
@@ -79,12 +80,12 @@ def test_shared_vllm_engine_table_gives_each_agent_an_id_and_the_largest_rank():
     config = _config(main=lora(8), sub=lora(2), actor_rollout_ref__rollout__name="vllm")
     config.multi_agent.agents.critic = {"actor_rollout_ref": lora(16, path="models/other")}
     config.trainer.n_gpus_per_node = 3
-    fulls = _fulls(config, parse_multi_agent(config))
+    fulls = _fulls(config, build_plan(config).multi_agent)
     tables = shared_vllm_adapters(fulls, adapter_hosts(fulls))
     shared = {"host": "main", "ids": {"main": 1, "sub": 2}, "max_rank": 8}
     assert tables == {"main": shared, "sub": shared, "critic": {"host": "critic", "ids": {"critic": 1}, "max_rank": 16}}
     hf = _config(main=lora(8), sub=lora(2))
-    hf_fulls = _fulls(hf, parse_multi_agent(hf))
+    hf_fulls = _fulls(hf, build_plan(hf).multi_agent)
     assert shared_vllm_adapters(hf_fulls, adapter_hosts(hf_fulls)) == {}
 
 
@@ -98,7 +99,7 @@ def test_refusals(kwargs, expected):
     main, sub = kwargs.pop("main", None), kwargs.pop("sub", None)
     config = _config(main=main, sub=sub, **kwargs)
     with pytest.raises(ValueError, match=expected):
-        parse_multi_agent(config)
+        build_plan(config)
 
 
 def test_agents_sharing_an_engine_need_equal_gpu_shares():
@@ -106,7 +107,7 @@ def test_agents_sharing_an_engine_need_equal_gpu_shares():
     config.trainer.n_gpus_per_node = 3
     config.multi_agent.agents.sub.n_gpus_per_node = 2
     with pytest.raises(ValueError, match=r"trainer\.n_gpus_per_node differs \(1 vs 2\)"):
-        parse_multi_agent(config)
+        build_plan(config)
 
 
 def test_decoupled_lora_is_refused():
@@ -114,7 +115,7 @@ def test_decoupled_lora_is_refused():
     config.multi_agent.decoupled = {"role": "main", "store": "sqlite:////tmp/x.db", "sub_urls": {"sub": "http://h:1"}}
     config.trainer.v1.trainer_mode = "mgrpo_decoupled_main"
     with pytest.raises(ValueError, match="synchronous mode only"):
-        parse_multi_agent(config)
+        build_plan(config)
 
 
 @pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"], ["o_proj", "down_proj"]])

@@ -10,16 +10,17 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from mgrpo_verl.config.resolvers import register_resolvers
+from mgrpo_verl.launcher.resolvers import register_resolvers
 from mgrpo_verl.trainer import memory
+from mgrpo_verl.config.plan import build_plan
 from mgrpo_verl.trainer.memory import (
     AgentFigures,
     MemoryLayoutError,
     agent_figures,
     count_parameters,
     estimate,
-    estimate_config,
-    preflight,
+    check_memory,
+    estimate_plan,
     read_model_config,
 )
 
@@ -221,7 +222,7 @@ def _research_gpu(tmp_path, *overrides):
 
 def test_research_gpu_fits_80gb_and_the_old_micro_batches_do_not(tmp_path, capsys):
     cfg = _research_gpu(tmp_path)
-    est = preflight(cfg)
+    est = check_memory(build_plan(cfg))
     assert est is not None and est.fits and est.peak.total < 80
     assert "mgrpo memory estimate: peak" in capsys.readouterr().out
     # mgrpo_base's log-prob micro-batches of 16 (what research=gpu inherited) cannot fit, with or without remove-padding
@@ -230,7 +231,7 @@ def test_research_gpu_fits_80gb_and_the_old_micro_batches_do_not(tmp_path, capsy
                             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
                             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16")
         with pytest.raises(MemoryLayoutError) as info:
-            preflight(old)
+            check_memory(build_plan(old))
         message = str(info.value)
         assert "cannot fit on GPUs of 80 GB (multi_agent.placement=separate)" in message
         assert "phase 'old log-prob main'" in message
@@ -244,8 +245,8 @@ def test_research_gpu_fits_80gb_and_the_old_micro_batches_do_not(tmp_path, capsy
 def test_research_gpu_shared_on_8_gpus_is_refused_for_its_engines(tmp_path):
     # both engines at 0.5 on the same GPUs: refused by the config check before any estimate
     with pytest.raises(ValueError, match="reserve 1 of every GPU together"):
-        preflight(_research_gpu(tmp_path, "multi_agent.placement=shared", "multi_agent.agents.main.n_gpus_per_node=null",
-                                "multi_agent.agents.sub.n_gpus_per_node=null"))
+        check_memory(build_plan(_research_gpu(tmp_path, "multi_agent.placement=shared", "multi_agent.agents.main.n_gpus_per_node=null",
+                                "multi_agent.agents.sub.n_gpus_per_node=null")))
 
 
 def test_research_gpu_shared_on_8_gpus_as_the_recipe_says(tmp_path):
@@ -253,7 +254,7 @@ def test_research_gpu_shared_on_8_gpus_as_the_recipe_says(tmp_path):
     cfg = _research_gpu(tmp_path, "multi_agent.placement=shared", "multi_agent.agents.main.n_gpus_per_node=8",
                         "multi_agent.agents.sub.n_gpus_per_node=8", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
                         "+multi_agent.agents.sub.actor_rollout_ref.rollout.gpu_memory_utilization=0.3")
-    est = preflight(cfg)
+    est = check_memory(build_plan(cfg))
     assert est is not None and est.fits and [a.gpus for a in est.agents] == [8, 8]
     rollout = [p for p in est.phases if p.name == "rollout"][0]
     # both engines (2 x 24 GB) + both actors and AdamW states sharded over 8 GPUs + 2 contexts
@@ -268,14 +269,14 @@ def test_one_gpu_preset_fits_80gb(tmp_path):
              f"multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path={model}")
     cfg = _compose("mgrpo_trainer", "task=relay", "+preset=one_gpu", *paths, "multi_agent.gpu_memory_gb=80")
     assert cfg.multi_agent.placement == "shared" and cfg.trainer.n_gpus_per_node == 1
-    est = preflight(cfg)
+    est = check_memory(build_plan(cfg))
     assert est is not None and est.fits
     assert {p.group for p in est.phases} == {"the shared GPUs (all agents)"}
     assert [a.gpus for a in est.agents] == [1, 1]
     # the same layout on a 40 GB GPU: 2 x 0.3 x 40 = 24 GB of engines + 2 x 5.9 GB resident + ... still fits;
     # on 24 GB it does not, and the message offers separate placement
     with pytest.raises(MemoryLayoutError, match=r"multi_agent.placement=separate"):
-        preflight(_compose("mgrpo_trainer", "task=relay", "+preset=one_gpu", *paths, "multi_agent.gpu_memory_gb=16"))
+        check_memory(build_plan(_compose("mgrpo_trainer", "task=relay", "+preset=one_gpu", *paths, "multi_agent.gpu_memory_gb=16")))
 
 
 @pytest.mark.parametrize("task,other", [("code", "main"), ("writing", "details")])
@@ -286,7 +287,7 @@ def test_magrpo_gpu_preset_fits_80gb(tmp_path, task, other):
                    f"actor_rollout_ref.model.tokenizer_path={model}",
                    f"multi_agent.agents.{other}.actor_rollout_ref.model.path={model}",
                    f"multi_agent.agents.{other}.actor_rollout_ref.model.tokenizer_path={model}", "multi_agent.gpu_memory_gb=80")
-    est = preflight(cfg)
+    est = check_memory(build_plan(cfg))
     assert est is not None and est.fits and est.placement == "separate"
     if task == "code":
         # 3.09 B params: 12.4 GB fp32 actor + 24.7 GB AdamW + 0.4 x 80 GB engine + 1 GB context
@@ -295,7 +296,7 @@ def test_magrpo_gpu_preset_fits_80gb(tmp_path, task, other):
         assert rollout.total == pytest.approx(p * 12 / 1e9 + 32 + 1)
         # the recipe's old gpu_memory_utilization of 0.5 was within 2 GB of the limit; 0.6 cannot fit
         with pytest.raises(MemoryLayoutError, match="rollout engine"):
-            preflight(OmegaConf.merge(cfg, {"actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.6}}}))
+            check_memory(build_plan(OmegaConf.merge(cfg, {"actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.6}}})))
 
 
 # ------------------------------------------------------------------------------------------ skipping
@@ -304,20 +305,20 @@ def test_magrpo_gpu_preset_fits_80gb(tmp_path, task, other):
 def test_skipped_without_gpu_memory(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(memory, "detect_gpu_memory_gb", lambda: None)
     cfg = _research_gpu(tmp_path, "multi_agent.gpu_memory_gb=null")
-    assert preflight(cfg) is None
+    assert check_memory(build_plan(cfg)) is None
     assert "mgrpo memory estimate skipped: no GPU visible and multi_agent.gpu_memory_gb is null" in capsys.readouterr().out
     # with a GPU visible, its memory is used (here: a 24 GB one, which research=gpu cannot fit)
     monkeypatch.setattr(memory, "detect_gpu_memory_gb", lambda: 24.0)
     with pytest.raises(MemoryLayoutError, match="GPUs of 24 GB"):
-        preflight(cfg)
+        check_memory(build_plan(cfg))
 
 
 def test_skipped_when_a_model_is_not_on_this_machine(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     cfg = _research_gpu(tmp_path, "multi_agent.agents.sub.actor_rollout_ref.model.path=Qwen/Qwen3-1.7B")
-    est, why = estimate_config(cfg, 80.0)
+    est, why = estimate_plan(build_plan(cfg), 80.0)
     assert est is None and "no local config.json for agent 'sub' (Qwen/Qwen3-1.7B)" in why
-    assert preflight(cfg) is None
+    assert check_memory(build_plan(cfg)) is None
     assert "mgrpo memory estimate skipped: no local config.json for agent 'sub'" in capsys.readouterr().out
 
 

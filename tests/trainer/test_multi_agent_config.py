@@ -12,11 +12,8 @@ from omegaconf.errors import ReadonlyConfigError
 
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.config.schema import AgentConfig, DecoupledConfig, DelegationConfig, MultiAgentConfig
-from mgrpo_verl.trainer.multi_agent_config import (
-    agent_full_config,
-    multi_agent_enabled,
-    parse_multi_agent,
-)
+from mgrpo_verl.config.plan import build_plan
+from mgrpo_verl.config.rules import agent_full_config, check_multi_agent, multi_agent_enabled
 
 _DELETE = object()
 
@@ -74,7 +71,7 @@ def with_updates(config: DictConfig, updates: dict) -> DictConfig:
 
 
 def test_defaults():
-    parsed = parse_multi_agent(base_config())
+    parsed = build_plan(base_config()).multi_agent
     assert isinstance(parsed, MultiAgentConfig)
     assert parsed.main == "main"
     assert parsed.algorithm == "mgrpo"
@@ -101,7 +98,7 @@ def test_main_first_even_when_listed_later_and_sub_agent_is_first_non_main():
         "planner": {"n_gpus_per_node": 1},
         "searcher": {"n_gpus_per_node": 1},
     }
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
     assert list(parsed.agents) == ["planner", "coder", "searcher"]
     assert parsed.sub_agents == ("coder", "searcher")
     assert parsed.delegation.sub_agent == "coder"
@@ -117,7 +114,7 @@ def test_explicit_settings():
             "agents": {"sub": {"trainable": False, "actor_rollout_ref": {"model": {"path": "models/sub"}}}},
         }
     )
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
     assert parsed.algorithm == "grpo"
     assert parsed.d_max == 3
     assert parsed.mgrpo == MGRPOConfig(sub_reward_local_weight=0.25, norm_scope="agent")
@@ -128,7 +125,7 @@ def test_explicit_settings():
 
 
 def test_agent_lookup_error_names_known_agents():
-    parsed = parse_multi_agent(base_config())
+    parsed = build_plan(base_config()).multi_agent
     with pytest.raises(ValueError, match=r"unknown agent 'nope'.*\['main', 'sub'\]"):
         parsed.agent("nope")
     with pytest.raises(ValueError, match="nope"):
@@ -136,16 +133,16 @@ def test_agent_lookup_error_names_known_agents():
 
 
 def test_replica_offsets():
-    parsed = parse_multi_agent(base_config())
+    parsed = build_plan(base_config()).multi_agent
     assert parsed.replica_offsets({"main": 1, "sub": 2}) == {"main": 0, "sub": 1}
     assert parsed.replica_offsets({"sub": 2, "main": 3}) == {"main": 0, "sub": 3}
 
-    three = parse_multi_agent(
+    three = build_plan(
         base_config(
             trainer={"n_gpus_per_node": 4},
             multi_agent={"agents": {"a": {"n_gpus_per_node": 2}, "b": {"share_model_with": "main"}}},
         )
-    )
+    ).multi_agent
     # owners: main, sub, a (b shares main's model)
     assert three.replica_offsets({"main": 2, "sub": 1, "a": 4}) == {"main": 0, "sub": 2, "a": 3}
     with pytest.raises(ValueError, match="'a'"):
@@ -161,7 +158,7 @@ def test_shared_model():
         multi_agent={"agents": {"sub": {"share_model_with": "main", "n_gpus_per_node": 5}}},
         trainer={"n_gpus_per_node": 1},
     )
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
     sub = parsed.agent("sub")
     assert sub.share_model_with == "main" and not sub.owns_model
     assert sub.n_gpus_per_node == 0  # ignored: no workers of its own
@@ -190,7 +187,7 @@ def test_section_values_may_be_interpolations():
         my={"d": 2, "gpus": 1},
         multi_agent={"d_max": "${my.d}", "agents": {"sub": {"n_gpus_per_node": "${my.gpus}"}}},
     )
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
     assert parsed.d_max == 2
     assert parsed.agent("sub").n_gpus_per_node == 1
 
@@ -221,7 +218,7 @@ def test_agent_full_config_merges_overrides():
     config.multi_agent.agents.sub.n_gpus_per_node = 2
     config.actor_rollout_ref.rollout.custom = {"other": 1}
     before = OmegaConf.to_container(config)
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
 
     sub = agent_full_config(config, parsed.agent("sub"))
     assert sub.actor_rollout_ref.model.path == "models/sub"
@@ -252,7 +249,7 @@ def test_agent_full_config_merges_overrides():
 
 def test_agent_full_config_creates_custom_when_absent():
     config = base_config()
-    full = agent_full_config(config, parse_multi_agent(config).agent("main"))
+    full = agent_full_config(config, build_plan(config).multi_agent.agent("main"))
     assert full.actor_rollout_ref.rollout.custom == {"mgrpo_agent": "main"}
     assert "custom" not in config.actor_rollout_ref.rollout
 
@@ -262,7 +259,7 @@ def test_agent_full_config_on_struct_readonly_input():
     before = OmegaConf.to_container(config)
     OmegaConf.set_struct(config, True)
     OmegaConf.set_readonly(config, True)
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
     sub = agent_full_config(config, parsed.agent("sub"))
     assert sub.actor_rollout_ref.model.path == "models/sub"
     assert sub.actor_rollout_ref.rollout.custom == {"mgrpo_agent": "sub"}
@@ -376,17 +373,23 @@ INVALID = {
 def test_invalid_config(updates, expected):
     config = with_updates(base_config(), updates)
     with pytest.raises(ValueError) as info:
-        parse_multi_agent(config)
+        check_multi_agent(config)
     assert expected in str(info.value)
+
+
+def test_a_config_without_multi_agent_plans_one_model():
+    for updates in ({"multi_agent.enable": False}, {"multi_agent": _DELETE}):
+        plan = build_plan(with_updates(base_config(), updates))
+        assert plan.multi_agent is None and plan.agent_configs == {} and plan.local_configs == {}
 
 
 def test_error_messages_show_the_value():
     config = with_updates(base_config(), {f"{_A}.sub.n_gpus_per_node": -3})
     with pytest.raises(ValueError, match=r"multi_agent\.agents\.sub\.n_gpus_per_node.*-3"):
-        parse_multi_agent(config)
+        build_plan(config)
     config = with_updates(base_config(), {"multi_agent.foo": 1, "multi_agent.bar": 2})
     with pytest.raises(ValueError, match=r"multi_agent\.foo: unknown key; the keys of multi_agent are \[.*'agents'"):
-        parse_multi_agent(config)
+        build_plan(config)
 
 
 def test_accepted_edge_cases():
@@ -405,7 +408,7 @@ def test_accepted_edge_cases():
             "trainer.n_gpus_per_node": 5,
         },
     )
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
     assert parsed.agent("main") == AgentConfig(name="main", n_gpus_per_node=1)
     assert parsed.delegation.sub_agent == "sub"
 
@@ -444,7 +447,7 @@ def test_verl_generated_config():
     config = _verl_config()
     OmegaConf.set_struct(config, True)
     OmegaConf.set_readonly(config, True)
-    parsed = parse_multi_agent(config)
+    parsed = build_plan(config).multi_agent
     assert list(parsed.agents) == ["main", "sub"]
     assert parsed.delegation.sub_agent == "sub"
 
@@ -463,7 +466,7 @@ def test_verl_generated_config_default_is_rejected_for_gae():
     config = _verl_config()
     config.algorithm.adv_estimator = "gae"
     with pytest.raises(ValueError, match="algorithm.adv_estimator"):
-        parse_multi_agent(config)
+        build_plan(config)
 
 
 def test_sharing_agent_overrides_are_dropped_with_a_warning(caplog):
@@ -473,7 +476,7 @@ def test_sharing_agent_overrides_are_dropped_with_a_warning(caplog):
         base_config(), {f"{_A}.sub.share_model_with": "main", f"{_A}.sub.actor_rollout_ref": {"model": {"path": "x"}}}
     )
     with caplog.at_level("WARNING"):
-        parsed = parse_multi_agent(config)
+        parsed = build_plan(config).multi_agent
     assert parsed.agent("sub").actor_rollout_ref == {}
     assert "multi_agent.agents.sub.actor_rollout_ref is ignored" in caplog.text
 
@@ -495,27 +498,27 @@ def side(role, trainer=None, **decoupled):
 
 
 def test_default_is_the_synchronous_mode():
-    ma = parse_multi_agent(base_config())
+    ma = build_plan(base_config()).multi_agent
     assert ma.decoupled == DecoupledConfig()
     assert [a.name for a in ma.local_owners] == ["main", "sub"]
 
 
 def test_main_side():
-    ma = parse_multi_agent(side("main", sub_urls={"sub": "http://10.0.0.2:9000/"}))
+    ma = build_plan(side("main", sub_urls={"sub": "http://10.0.0.2:9000/"})).multi_agent
     assert ma.decoupled.role == "main" and ma.decoupled.store == STORE
     assert ma.decoupled.sub_urls == {"sub": "http://10.0.0.2:9000"}  # trailing slash dropped
     assert [a.name for a in ma.local_owners] == ["main"]  # one GPU is enough: only the main model is here
 
 
 def test_sub_side_defaults_to_the_delegation_target():
-    ma = parse_multi_agent(side("sub", serve_port=9001, wait_timeout_s=5, max_policy_lag=1))
+    ma = build_plan(side("sub", serve_port=9001, wait_timeout_s=5, max_policy_lag=1)).multi_agent
     d = ma.decoupled
     assert (d.role, d.train_agent, d.serve_port, d.wait_timeout_s, d.max_policy_lag) == ("sub", "sub", 9001, 5.0, 1)
     assert [a.name for a in ma.local_owners] == ["sub"]
 
 
 def test_null_urls_are_unset():
-    assert parse_multi_agent(base_config(multi_agent={"decoupled": {"sub_urls": {"sub": None}}})).decoupled.sub_urls == {}
+    assert build_plan(base_config(multi_agent={"decoupled": {"sub_urls": {"sub": None}}})).multi_agent.decoupled.sub_urls == {}
 
 
 @pytest.mark.parametrize(
@@ -553,7 +556,7 @@ def test_null_urls_are_unset():
 )
 def test_bad_decoupled_values(config, match):
     with pytest.raises(ValueError, match=match):
-        parse_multi_agent(config())
+        build_plan(config())
 
 
 # ------------------------------------------------------------------------------------ MAGRPO batch sizes
@@ -569,16 +572,16 @@ def _magrpo(turns, **sizes):
 
 def test_magrpo_batch_sizes():
     # one turn: 4 tasks x G 4 = 16 rows per model: 8 divides, 6 does not
-    assert parse_multi_agent(_magrpo(1, actor={"ppo_mini_batch_size": 8})).cooperation.num_turns == 1
+    assert build_plan(_magrpo(1, actor={"ppo_mini_batch_size": 8})).multi_agent.cooperation.num_turns == 1
     with pytest.raises(ValueError, match="ppo_mini_batch_size is 6 .* multiples of 16"):
-        parse_multi_agent(_magrpo(1, actor={"ppo_mini_batch_size": 6}))
+        build_plan(_magrpo(1, actor={"ppo_mini_batch_size": 6}))
     # two turns: rows come in multiples of G = 4, so a micro-batch of 8 may not divide them
     with pytest.raises(ValueError, match="log_prob_micro_batch_size_per_gpu is 8 .* multiples of 4 .*num_generations"):
-        parse_multi_agent(_magrpo(2, rollout={"log_prob_micro_batch_size_per_gpu": 8}))
+        build_plan(_magrpo(2, rollout={"log_prob_micro_batch_size_per_gpu": 8}))
     with pytest.raises(ValueError, match="rollout.n is 4 but multi_agent.algorithm is magrpo"):
-        parse_multi_agent(base_config(multi_agent={"algorithm": "magrpo", "magrpo": {"num_generations": 4}}))
+        build_plan(base_config(multi_agent={"algorithm": "magrpo", "magrpo": {"num_generations": 4}}))
     with pytest.raises(ValueError, match="num_generations must be set"):
-        parse_multi_agent(base_config(multi_agent={"algorithm": "magrpo"}, actor_rollout_ref={"rollout": {"n": 1}}))
+        build_plan(base_config(multi_agent={"algorithm": "magrpo"}, actor_rollout_ref={"rollout": {"n": 1}}))
 
 
 # ------------------------------------------------------------------------------------ placement
@@ -594,49 +597,49 @@ def _shared(**overrides) -> DictConfig:
 
 
 def test_placement_defaults_to_separate():
-    parsed = parse_multi_agent(base_config())
+    parsed = build_plan(base_config()).multi_agent
     assert parsed.placement == "separate" and parsed.gpu_memory_gb is None
     # null shares mean one GPU each, as before
-    parsed = parse_multi_agent(with_updates(base_config(), {f"{_A}.main.n_gpus_per_node": None}))
+    parsed = build_plan(with_updates(base_config(), {f"{_A}.main.n_gpus_per_node": None})).multi_agent
     assert [a.n_gpus_per_node for a in parsed.model_owners] == [1, 1]
 
 
 def test_shared_placement_puts_every_owner_on_all_gpus():
-    parsed = parse_multi_agent(_shared())
+    parsed = build_plan(_shared()).multi_agent
     assert parsed.placement == "shared"
     assert [a.n_gpus_per_node for a in parsed.model_owners] == [1, 1]  # 2 owners on 1 GPU: allowed
     # every owner spans all GPUs; a written share equal to the total is accepted
-    parsed = parse_multi_agent(with_updates(_shared(), {"trainer.n_gpus_per_node": 4, f"{_A}.sub.n_gpus_per_node": 4}))
+    parsed = build_plan(with_updates(_shared(), {"trainer.n_gpus_per_node": 4, f"{_A}.sub.n_gpus_per_node": 4})).multi_agent
     assert [a.n_gpus_per_node for a in parsed.model_owners] == [4, 4]
     sub = agent_full_config(with_updates(_shared(), {"trainer.n_gpus_per_node": 4}), parsed.agent("sub"))
     assert sub.trainer.n_gpus_per_node == 4 and sub.actor_rollout_ref.rollout.n_gpus_per_node == 4
     # replica ranks still count over both agents (one replica each per GPU): 0 and 4
     assert parsed.replica_offsets({"main": 4, "sub": 4}) == {"main": 0, "sub": 4}
     # a sharing agent still has no workers
-    single = parse_multi_agent(with_updates(_shared(), {f"{_A}.sub.share_model_with": "main"}))
+    single = build_plan(with_updates(_shared(), {f"{_A}.sub.share_model_with": "main"})).multi_agent
     assert [a.n_gpus_per_node for a in single.agents.values()] == [1, 0]
 
 
 def test_gpu_memory_gb():
-    assert parse_multi_agent(with_updates(base_config(), {"multi_agent.gpu_memory_gb": 80})).gpu_memory_gb == 80.0
-    assert parse_multi_agent(with_updates(base_config(), {"multi_agent.gpu_memory_gb": 79.5})).gpu_memory_gb == 79.5
+    assert build_plan(with_updates(base_config(), {"multi_agent.gpu_memory_gb": 80})).multi_agent.gpu_memory_gb == 80.0
+    assert build_plan(with_updates(base_config(), {"multi_agent.gpu_memory_gb": 79.5})).multi_agent.gpu_memory_gb == 79.5
 
 
 def test_shared_engines_fraction_sum():
     vllm = {"actor_rollout_ref.rollout.name": "vllm"}
     ok = with_updates(_shared(), {**vllm, "actor_rollout_ref.rollout.gpu_memory_utilization": 0.3})
-    assert parse_multi_agent(ok).placement == "shared"
+    assert build_plan(ok).multi_agent.placement == "shared"
     # per-agent override: 0.3 + 0.6 < 1
     ok = with_updates(ok, {f"{_A}.sub.actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.6}}})
-    parse_multi_agent(ok)
+    build_plan(ok)
     too_much = with_updates(ok, {f"{_A}.sub.actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.7}}})
     with pytest.raises(ValueError, match=r"reserve 1 of every GPU together .*main=0.3, sub=0.7"):
-        parse_multi_agent(too_much)
+        build_plan(too_much)
     # the same fractions on GPUs of their own are fine
     separate = with_updates(too_much, {"multi_agent.placement": "separate", "trainer.n_gpus_per_node": 2})
-    assert parse_multi_agent(separate).placement == "separate"
+    assert build_plan(separate).multi_agent.placement == "separate"
     # the CPU rollout (hf) reserves nothing
-    parse_multi_agent(with_updates(_shared(), {"actor_rollout_ref.rollout.name": "hf",
+    build_plan(with_updates(_shared(), {"actor_rollout_ref.rollout.name": "hf",
                                                "actor_rollout_ref.rollout.gpu_memory_utilization": 0.9}))
 
 
@@ -666,16 +669,16 @@ del PLACEMENT_INVALID["placement_null_is_default"]
 @pytest.mark.parametrize("updates,expected", list(PLACEMENT_INVALID.values()), ids=list(PLACEMENT_INVALID))
 def test_invalid_placement(updates, expected):
     with pytest.raises(ValueError) as info:
-        parse_multi_agent(with_updates(base_config(), updates))
+        build_plan(with_updates(base_config(), updates))
     assert expected in str(info.value)
 
 
 def test_placement_null_is_separate():
-    assert parse_multi_agent(with_updates(base_config(), {"multi_agent.placement": None})).placement == "separate"
+    assert build_plan(with_updates(base_config(), {"multi_agent.placement": None})).multi_agent.placement == "separate"
 
 
 def test_node_resource_pins_an_agent():
-    parsed = parse_multi_agent(with_updates(base_config(), {f"{_A}.sub.node_resource": "node_b"}))
+    parsed = build_plan(with_updates(base_config(), {f"{_A}.sub.node_resource": "node_b"})).multi_agent
     assert parsed.agent("sub").node_resource == "node_b"
     assert parsed.agent("main").node_resource is None
 
@@ -686,8 +689,8 @@ def test_trainer_mode_is_mgrpo_or_the_roles_own():
     for mode in ("mgrpo", "mgrpo_decoupled_sub"):
         config = side("sub")
         config.trainer.v1.trainer_mode = mode
-        assert parse_multi_agent(config).decoupled.role == "sub"
+        assert build_plan(config).multi_agent.decoupled.role == "sub"
     config = side("sub")
     config.trainer.v1.trainer_mode = "mgrpo_decoupled_main"
     with pytest.raises(ValueError, match="trainer.v1.trainer_mode='mgrpo_decoupled_main' contradicts"):
-        parse_multi_agent(config)
+        build_plan(config)

@@ -40,9 +40,9 @@ import fake_tq  # noqa: E402
 
 from mgrpo_verl.algorithms.alignment import plan_resolved_alignment  # noqa: E402
 from mgrpo_verl.algorithms.config import MGRPOConfig  # noqa: E402
+from mgrpo_verl.rowmeta import ROW_META  # noqa: E402
 from mgrpo_verl.trainer.rows import (  # noqa: E402
     COPY_INDEX_BASE,
-    ROW_META,
     copy_keys,
     plan_update_sets,
     read_row_table,

@@ -20,7 +20,8 @@ import verl.trainer.main_ppo
 from verl.trainer.ppo.v1 import get_trainer_cls
 
 from mgrpo_verl import main_ppo
-from mgrpo_verl.config.resolvers import TRAINER_MODES, register_resolvers, trainer_mode
+from mgrpo_verl.config.schema import TRAINER_MODES, trainer_mode
+from mgrpo_verl.launcher.resolvers import register_resolvers
 from mgrpo_verl.trainer.decoupled import DecoupledMainTrainer, DecoupledSubTrainer
 from mgrpo_verl.trainer.per_agent import MultiAgentTrainer
 

@@ -52,7 +52,7 @@ def test_two_agents_train_with_their_own_vllm_servers_and_every_sync_reaches_its
 
 def test_two_lora_agents_share_one_vllm_engine_each_served_with_its_own_adapter(main_ppo, tmp_path):
     """Both agents as adapters on one base (docs/lora.md): one vLLM engine serves both (vLLM's multi-LoRA,
-    mgrpo_verl/vllm_lora.py), with different ranks and target modules. Every step syncs each agent's adapter
+    mgrpo_verl/vllm_rollout/lora.py), with different ranks and target modules. Every step syncs each agent's adapter
     into that engine under its own id, and each agent's token probabilities in vLLM are its own actor's: a request
     generated with the other agent's adapter, or none, would differ once the adapters have trained (lr 1e-2 here;
     measured with every request sent to main's adapter, a scratch copy, docs/lora.md: sub's differences 3.6e-4 and

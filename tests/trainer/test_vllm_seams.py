@@ -33,10 +33,11 @@ import ray
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from mgrpo_verl.config.resolvers import register_resolvers
+from mgrpo_verl.launcher.resolvers import register_resolvers
 from mgrpo_verl.trainer import agents
 from mgrpo_verl.trainer.agents import REPLICA_OFFSET_KEY, AgentActorRolloutRefWorker, AgentLLMServerManager
-from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
+from mgrpo_verl.config.plan import build_plan
+from mgrpo_verl.config.rules import agent_full_config
 
 register_resolvers()
 
@@ -151,7 +152,7 @@ def _agent_configs(*overrides: str) -> dict:
     from mgrpo_verl.trainer.per_agent import _replica_count
 
     cfg = _compose("mgrpo_trainer", "task=relay", "actor_rollout_ref.rollout.name=vllm", *overrides)
-    ma = parse_multi_agent(cfg)
+    ma = build_plan(cfg).multi_agent
     configs = {s.name: agent_full_config(cfg, s) for s in ma.local_owners}
     offsets = agents.side_replica_offsets(ma, {n: _replica_count(c) for n, c in configs.items()})
     for name, c in configs.items():
@@ -341,7 +342,8 @@ def _side_configs(role: str, tmp_path) -> dict:
     cfg = _compose("mgrpo_trainer", "task=relay", *overrides)
     cls = DecoupledMainTrainer if role == "main" else DecoupledSubTrainer
     trainer = object.__new__(cls)  # only what _agent_runtimes reads
-    trainer.config, trainer.multi_agent = cfg, parse_multi_agent(cfg)
+    trainer.config, trainer.plan = cfg, build_plan(cfg)
+    trainer.multi_agent = trainer.plan.multi_agent
     return {name: rt.config for name, rt in cls._agent_runtimes(trainer).items()}
 
 
@@ -363,7 +365,7 @@ def test_decoupled_sides_on_one_host_use_different_sockets(vllm, monkeypatch, ra
 def test_side_offsets_count_the_other_sides_gpus():
     cfg = _compose("mgrpo_trainer", "task=relay", "trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4",
                    "multi_agent.agents.sub.n_gpus_per_node=4")
-    ma = parse_multi_agent(cfg)
+    ma = build_plan(cfg).multi_agent
     assert agents.side_replica_offsets(ma, {"main": 2, "sub": 2}) == {"main": 0, "sub": 2}  # synchronous: as before
     assert agents.side_replica_offsets(ma, {"sub": 2}) == {"main": 0, "sub": 4}  # sub side: main has at most 4
 

@@ -1,7 +1,8 @@
 """``task=relay_tools`` (mgrpo_verl/config/task/relay_tools.yaml): delegation by tool call from the cached warm
-start, through the ``mgrpo_warmstart`` resolver; ``task=relay`` (the default until the e2e tests name it) is the
-forced relay with the random tiny models. Composition and the resolver's arguments only: nothing is built
-here (the build is test_warmstart_e2e.py's, the RL run test_tool_run_e2e.py's)."""
+start, named by ``mgrpo_verl.warmstart`` and the ``mgrpo_warmstart`` resolver, built by the launcher's warm-start
+stage; ``task=relay`` is the forced relay with the random tiny models. Composition, the resolver's path and
+what the stage is asked to build only: nothing is built here (the build is test_warmstart_e2e.py's, the RL run
+test_tool_run_e2e.py's)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from mgrpo_verl.config.resolvers import register_resolvers
+from mgrpo_verl.launcher.resolvers import register_resolvers
 from mgrpo_verl.warmstart import build, sft
 
 register_resolvers()
@@ -29,11 +30,11 @@ def test_relay_tools_preset_sets_the_tool_task_and_the_warm_started_models():
     cfg = _compose("task=relay_tools")
     assert cfg.mgrpo_verl.task == "relay_tools"
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_delegate"
-    # both agents' models come from the warm start (unresolved here: resolving builds it)
+    # both agents' models come from the warm start the config names
     main_path = OmegaConf.to_container(cfg.actor_rollout_ref.model, resolve=False)["path"]
     sub_model = OmegaConf.to_container(OmegaConf.select(cfg, f"{SUB}.model"), resolve=False)
-    assert main_path == "${mgrpo_warmstart:relay_tools,main,${mgrpo_verl.warmstart}}"
-    assert sub_model == {"path": "${mgrpo_warmstart:relay_tools,sub,${mgrpo_verl.warmstart}}", "tokenizer_path": None}
+    assert main_path == "${mgrpo_warmstart:main,${mgrpo_verl.warmstart}}"
+    assert sub_model == {"path": "${mgrpo_warmstart:sub,${mgrpo_verl.warmstart}}", "tokenizer_path": None}
     # the lengths the demonstrations need, the ones the warm start's evaluation runs the loop with
     from mgrpo_verl.warmstart import evaluate
 
@@ -42,15 +43,17 @@ def test_relay_tools_preset_sets_the_tool_task_and_the_warm_started_models():
     assert cfg.multi_agent.delegation.sub_response_tokens == evaluate.SUB_RESPONSE_TOKENS
     # each agent's own learning rate, as its workers get it: the main agent keeps its warm start at 3e-4,
     # the sub-agent (the learner) trains at 1e-3; neither at the random models' 1e-2
-    from mgrpo_verl.trainer.multi_agent_config import agent_full_config, parse_multi_agent
+    from mgrpo_verl.config.plan import build_plan
+    from mgrpo_verl.config.rules import agent_full_config
 
-    specs = parse_multi_agent(cfg).agents
+    specs = build_plan(cfg).multi_agent.agents
     lrs = {name: agent_full_config(cfg, spec).actor_rollout_ref.actor.optim.lr for name, spec in specs.items()}
     assert lrs == {"main": 3e-4, "sub": 1e-3}
     tools = OmegaConf.select(cfg, f"{SUB}.rollout.multi_turn.tool_config_path")
     assert Path(tools).name == "relay_sub_tools.yaml" and Path(tools).is_file()
-    # the default warm start: every setting null (the CLI's defaults)
-    assert set(OmegaConf.to_container(cfg.mgrpo_verl.warmstart).values()) == {None}
+    # the default warm start of the task: every setting null (the CLI's defaults)
+    settings = OmegaConf.to_container(cfg.mgrpo_verl.warmstart)
+    assert settings.pop("task") == "relay_tools" and set(settings.values()) == {None}
 
 
 def test_relay_tools_is_the_default_and_relay_stays_available_by_name():
@@ -61,9 +64,13 @@ def test_relay_tools_is_the_default_and_relay_stays_available_by_name():
     assert "mgrpo_warmstart" not in OmegaConf.to_yaml(named)
 
 
-def test_the_resolver_builds_the_spec_of_the_config(monkeypatch, tmp_path):
-    """``${mgrpo_warmstart:relay_tools,<agent>,${mgrpo_verl.warmstart}}`` calls warm_start with the spec of the
-    config's settings (null: default) and the root ``out``, and answers that agent's checkpoint directory."""
+def test_the_resolver_names_the_spec_of_the_config_and_the_stage_builds_it(monkeypatch, tmp_path):
+    """``${mgrpo_warmstart:<agent>,${mgrpo_verl.warmstart}}`` answers where that agent's checkpoint of the warm
+    start of the config's settings (null: default) is published under the root ``out``, building nothing; the
+    launcher's stage (``run_stage``) then builds that spec once, after the checks, and not again once cached."""
+    from mgrpo_verl.config.plan import build_plan
+    from mgrpo_verl.launcher.warm_start import pending_models, run_stage
+
     calls = []
 
     def fake_warm_start(spec, root=None, log=print):
@@ -73,16 +80,31 @@ def test_the_resolver_builds_the_spec_of_the_config(monkeypatch, tmp_path):
     monkeypatch.setattr(build, "warm_start", fake_warm_start)
     cfg = _compose("task=relay_tools", "mgrpo_verl.warmstart.steps=40", "mgrpo_verl.warmstart.n_train=16",
                    f"mgrpo_verl.warmstart.out={tmp_path}", "mgrpo_verl.warmstart.sub_model=tiny")  # fmt: skip
-    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "main")
-    assert OmegaConf.select(cfg, f"{SUB}.model.path") == str(tmp_path / "sub")
-    spec, root = calls[0]
-    assert root == str(tmp_path)
-    assert spec == build.WarmStartSpec(task="relay_tools", n_train=16, sub_model="tiny", sft=sft.SFTSettings(steps=40))
+    OmegaConf.resolve(cfg)
+    assert calls == []  # resolving builds nothing
+    spec = build.WarmStartSpec(task="relay_tools", n_train=16, sub_model="tiny", sft=sft.SFTSettings(steps=40))
+    target = build.target_dir(spec, tmp_path)
+    assert target.parent == tmp_path and target.name.startswith("relay_tools-")
+    assert cfg.actor_rollout_ref.model.path == str(target / "main")
+    assert OmegaConf.select(cfg, f"{SUB}.model.path") == str(target / "sub")
+    plan = build_plan(cfg)
+    bases = build.base_models(spec)
+    assert pending_models(plan) == {str(target / "main"): bases["main"][0], str(target / "sub"): bases["sub"][0]}
+    run_stage(plan)
+    assert calls == [(spec, str(tmp_path))]
+    (target / "manifest.json").parent.mkdir(parents=True)
+    (target / "manifest.json").write_text("{}")  # published: the stage has nothing left to build
+    assert pending_models(plan) == {} and run_stage(plan) is None and len(calls) == 1
 
 
-def test_a_warm_starts_overrides_are_the_preset_and_its_checkpoints(tmp_path, cache_dir):
+def test_a_warm_starts_overrides_are_the_preset_and_its_checkpoints(tmp_path, cache_dir, monkeypatch):
     """``python -m mgrpo_verl.warmstart --overrides``: ``task=relay_tools`` with the model paths of that warm
-    start, which replace the preset's resolver (nothing is built when the config resolves)."""
+    start, which replace the preset's resolver: the run starts from no warm start of its settings, so the
+    launcher's stage builds nothing."""
+    from mgrpo_verl.config.plan import build_plan
+    from mgrpo_verl.launcher.warm_start import run_stage
+
+    monkeypatch.setattr(build, "warm_start", lambda *a, **k: pytest.fail("the stage built a warm start the run does not use"))
     # the manifest was written where the warm start was built; the cache was copied here since (the GPU
     # machine gets it carried): the overrides name the checkpoints where they are now
     ws = build.WarmStart(tmp_path, tmp_path / "main", tmp_path / "sub", {"main_ppo_overrides": [
@@ -92,7 +114,8 @@ def test_a_warm_starts_overrides_are_the_preset_and_its_checkpoints(tmp_path, ca
 
     cfg = _compose(*ws.main_ppo_overrides())
     with patched_environ({"MGRPO_VERL_CACHE": str(cache_dir)}):  # the task's data and the tiny tokenizer
-        OmegaConf.resolve(cfg)  # would build a warm start (minutes) if a path were still the resolver
+        OmegaConf.resolve(cfg)
+        assert run_stage(build_plan(cfg)) is None
     assert cfg.actor_rollout_ref.model.path == str(tmp_path / "main")
     assert OmegaConf.select(cfg, f"{SUB}.model.path") == str(tmp_path / "sub")
     assert cfg.mgrpo_verl.task == "relay_tools" and cfg.data.max_prompt_length == 512
@@ -105,9 +128,11 @@ def test_spec_from_settings_keeps_defaults_and_refuses_unknown_keys():
         build.spec_from_settings("relay_tools", {"stpes": 3})
 
 
-def test_the_resolver_refuses_an_unknown_agent():
+def test_the_resolver_refuses_an_unknown_agent_and_a_settings_without_task():
     with pytest.raises(Exception, match="agent must be 'main' or 'sub'"):
-        _ = OmegaConf.create({"p": "${mgrpo_warmstart:relay_tools,planner}"}).p
+        _ = OmegaConf.create({"p": "${mgrpo_warmstart:planner,${s}}", "s": {"task": "relay_tools"}}).p
+    with pytest.raises(Exception, match="mgrpo_verl.warmstart.task is null"):
+        _ = OmegaConf.create({"p": "${mgrpo_warmstart:main,${s}}", "s": {"task": None}}).p
 
 
 def test_the_sub_agent_starts_from_the_main_agents_checkpoint_by_default(cache_dir):
@@ -121,10 +146,10 @@ def test_the_sub_agent_starts_from_the_main_agents_checkpoint_by_default(cache_d
     assert build.agent_settings(same, "sub") == build.agent_settings(same, "main")
     with patched_environ({"MGRPO_VERL_CACHE": str(cache_dir)}):  # the tiny models are built there
         # until the main checkpoint exists, the key hashes the main agent's base for both
-        assert build._bases(spec)["sub"] == build._bases(spec)["main"] == build._base_model("tiny")
+        assert build.base_models(spec)["sub"] == build.base_models(spec)["main"] == build._base_model("tiny")
         other = build.WarmStartSpec(sub_model="tiny_sub")
-        assert build._bases(other)["sub"] == build._base_model("tiny_sub")
-        assert build.cache_key(other, build._bases(other)) != build.cache_key(spec, build._bases(spec))
+        assert build.base_models(other)["sub"] == build._base_model("tiny_sub")
+        assert build.cache_key(other, build.base_models(other)) != build.cache_key(spec, build.base_models(spec))
 
 
 def test_exact_scorer_pays_the_bare_right_digit_only():

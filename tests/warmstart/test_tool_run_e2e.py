@@ -1,5 +1,5 @@
 """``python -m mgrpo_verl.main_ppo task=relay_tools`` end to end on CPU: the warm start is built by the
-``mgrpo_warmstart`` resolver (a small one here: 100 SFT steps for the main agent, 20 for the sub-agent, no
+launcher's warm-start stage (a small one here: 100 SFT steps for the main agent, 20 for the sub-agent, no
 evaluation), then one M-GRPO step with validation before and after. The warm-started agents delegate by tool
 call: the main agent's ``ask_sub`` calls and the sub-agent's ``read_secret`` calls are read by verl's hermes
 parser (the loop's ``StrictHermesToolParser``, which also counts the calls it cannot read), so the run has
@@ -41,7 +41,7 @@ def test_tool_task_run_makes_tool_calls_that_verls_parser_reads(tmp_path, cache_
     log = proc.stdout + proc.stderr
     (tmp_path / "log.txt").write_text(log)
     assert proc.returncode == 0, log[-5000:]
-    assert "mgrpo_warmstart: warm start: verl SFT of main" in log  # built by the resolver, before Ray
+    assert "mgrpo_warmstart: warm start: verl SFT of main" in log  # built by the launcher's stage, before Ray
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
     # training: the main agent's ask_sub calls were parsed and ran the sub-agent, whose rows were trained

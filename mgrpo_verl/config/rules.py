@@ -8,7 +8,7 @@ function), :func:`agent_full_config` (the config one model owner's workers get) 
 Multi-agent mode does not support some verl features (each refused with its own message): a critic,
 ``algorithm.use_kl_in_reward``, an active ``algorithm.rollout_correction``, a reward model, distillation,
 and more than one node (``trainer.nnodes`` must be 1). LoRA agents have rules of their own
-(:func:`mgrpo_verl.trainer.lora.check_lora`).
+(:func:`mgrpo_verl.config.lora.check_lora`).
 
 Everything here is pure: no Ray, no models; the input config is never modified.
 """
@@ -18,15 +18,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from mgrpo_verl.algorithms.config import MAGRPOConfig
-from mgrpo_verl.config.resolvers import trainer_mode
-from mgrpo_verl.config.schema import AgentConfig, CooperationConfig, MultiAgentConfig, load_multi_agent
-from mgrpo_verl.trainer.lora import check_lora
+from mgrpo_verl.config.schema import AgentConfig, CooperationConfig, MultiAgentConfig, load_multi_agent, trainer_mode
+from mgrpo_verl.config.lora import check_lora
 
 logger = logging.getLogger(__name__)
 
@@ -120,9 +119,11 @@ def agent_full_config(config: DictConfig, spec: AgentConfig) -> DictConfig:
     return full
 
 
-def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
+def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, DictConfig]]:
     """The ``multi_agent`` section (:func:`~mgrpo_verl.config.schema.load_multi_agent`) checked together with
-    the rest of the trainer config: the one place for the rules across sections.
+    the rest of the trainer config: the one place for the rules across sections. Returns the section (GPU
+    shares filled in) and every model owner's full config (:func:`agent_full_config`), built once here.
+    :func:`mgrpo_verl.config.plan.build_plan` is its caller.
 
     Raises ``ValueError`` naming the offending key and value. Callers check :func:`multi_agent_enabled`
     first: a disabled or absent section is an error here."""
@@ -185,18 +186,19 @@ def parse_multi_agent(config: DictConfig) -> MultiAgentConfig:
                 f"num_generations); set actor_rollout_ref.rollout.n=1"
             )
     _check_unsupported(config)
-    if ma.placement == "shared":
-        _check_shared_engines(config, owners)
     check_override_keys(config, ma.model_owners)  # every side's agents: one shared config
+    fulls = {spec.name: agent_full_config(config, spec) for spec in ma.model_owners}
+    if ma.placement == "shared":
+        _check_shared_engines(fulls, owners)
     # LoRA agents: verl's keys per agent, which of them share a rollout engine
-    check_lora(ma, {spec.name: agent_full_config(config, spec) for spec in ma.model_owners})
+    check_lora(ma, fulls)
     # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
-    _check_agent_overrides(config, owners, rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
-    return ma
+    _check_agent_overrides(config, fulls, owners, rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
+    return ma, fulls
 
 
 # ----------------------------------------------------------------------------------------------------
-# parts of parse_multi_agent
+# parts of check_multi_agent
 
 
 def _check_magrpo_batches(config: DictConfig, magrpo: MAGRPOConfig, coop: CooperationConfig) -> None:
@@ -264,12 +266,12 @@ def _check_unsupported(config: DictConfig) -> None:
         raise ValueError("distillation.enabled is true: distillation is not supported in multi-agent mode")
 
 
-def _check_shared_engines(config: DictConfig, owners: list[AgentConfig]) -> None:
+def _check_shared_engines(fulls: Mapping[str, DictConfig], owners: list[AgentConfig]) -> None:
     """``placement: shared``: every owner's rollout engine is awake during a rollout, on the same GPUs, so the
     fractions of a GPU that vLLM / SGLang engines reserve must add up to less than 1 (the actors need room too)."""
     fractions = {}
     for spec in owners:
-        full = agent_full_config(config, spec) if spec.actor_rollout_ref else config
+        full = fulls[spec.name]
         if _select(full, "actor_rollout_ref.rollout.name") not in ENGINES_WITH_MEMORY_FRACTION:
             continue
         value = _select(full, "actor_rollout_ref.rollout.gpu_memory_utilization")
@@ -289,13 +291,14 @@ def _check_shared_engines(config: DictConfig, owners: list[AgentConfig]) -> None
         )
 
 
-def _check_agent_overrides(config: DictConfig, owners: list[AgentConfig], rows_per_prompt: int = 1) -> None:
+def _check_agent_overrides(config: DictConfig, fulls: Mapping[str, DictConfig], owners: list[AgentConfig],
+                           rows_per_prompt: int = 1) -> None:
     top_n = _select(config, "actor_rollout_ref.rollout.n")
     batch = _select(config, "data.train_batch_size")
     batch = batch * rows_per_prompt if _is_int(batch) else batch
     for spec in owners:
         path = f"multi_agent.agents.{spec.name}.actor_rollout_ref"
-        full = agent_full_config(config, spec) if spec.actor_rollout_ref else config
+        full = fulls[spec.name]
         mini = _select(full, "actor_rollout_ref.actor.ppo_mini_batch_size")
         if _is_int(batch) and _is_int(mini) and mini > 0 and batch % mini:
             # a model trains on B*n main rows and/or B*n*D_max aligned sub rows: whole mini-batches of
@@ -362,10 +365,11 @@ def _hub_id(value: str) -> bool:
     return True
 
 
-def _check_model_location(key: str, value: Any, required: bool) -> None:
-    """A model / tokenizer location verl can open: an existing local path, an ``hdfs://`` path or a hub id. verl
-    finds a bad one only when its workers load the model; we never contact the hub here."""
-    if value is None and not required:
+def _check_model_location(key: str, value: Any, required: bool, pending: Collection[str]) -> None:
+    """A model / tokenizer location verl can open: an existing local path (or one in ``pending``, written before
+    the workers start), an ``hdfs://`` path or a hub id. verl finds a bad one only when its workers load the model;
+    we never contact the hub here."""
+    if value is None and not required or isinstance(value, str) and value in pending:
         return
     if not isinstance(value, str) or not value:
         raise ValueError(f"{key} must be a local path or a Hugging Face repo id, got {value!r}")
@@ -383,13 +387,14 @@ def _check_model_location(key: str, value: Any, required: bool) -> None:
     )
 
 
-def check_model_paths(config: DictConfig, ma: Optional[MultiAgentConfig] = None) -> None:
+def check_model_paths(config: DictConfig, ma: Optional[MultiAgentConfig] = None, pending: Collection[str] = ()) -> None:
     """``actor_rollout_ref.model.path`` / ``tokenizer_path`` at the top level and, for every model owner of ``ma``,
     the ones its ``multi_agent.agents.<name>.actor_rollout_ref`` overrides set. Reads resolved values (call it
-    after ``OmegaConf.resolve``, which builds the built-in models)."""
+    after ``OmegaConf.resolve``, which builds the built-in models). Paths in ``pending`` (a warm start the
+    launcher builds next) pass."""
     for leaf, required in (("path", True), ("tokenizer_path", False)):
         key = f"actor_rollout_ref.model.{leaf}"
-        _check_model_location(key, _select(config, key), required)
+        _check_model_location(key, _select(config, key), required, pending)
     for spec in (ma.model_owners if ma is not None else ()):
         model = spec.actor_rollout_ref.get("model")
         if not isinstance(model, Mapping):
@@ -397,7 +402,7 @@ def check_model_paths(config: DictConfig, ma: Optional[MultiAgentConfig] = None)
         for leaf in ("path", "tokenizer_path"):
             if leaf in model:
                 key = f"multi_agent.agents.{spec.name}.actor_rollout_ref.model.{leaf}"
-                _check_model_location(key, _select(config, key), leaf == "path")
+                _check_model_location(key, _select(config, key), leaf == "path", pending)
 
 
 def _schema_class(target: Any) -> Optional[type]:

@@ -2,7 +2,7 @@
 
 Differs from verl, whose vLLM server serves one adapter per engine: it starts vLLM with ``max_loras=1``, its
 worker extension replaces the adapter under the constant id ``VLLM_LORA_INT_ID`` at every sync, and every request
-is generated with that one adapter. Here the LoRA agents on one base (:func:`~mgrpo_verl.trainer.lora.adapter_hosts`)
+is generated with that one adapter. Here the LoRA agents on one base (:func:`~mgrpo_verl.config.lora.adapter_hosts`)
 share one engine, hosted by the first of them:
 
 * the engine starts with ``max_loras`` = the agents on it and ``max_lora_rank`` = the largest of their ranks
@@ -16,7 +16,7 @@ share one engine, hosted by the first of them:
   verl's base sync: the host's base sync loaded the base that every agent on it trains frozen.
 
 The table that drives it is ``actor_rollout_ref.rollout.custom.mgrpo_vllm_adapters`` (:data:`ADAPTERS_KEY`), set
-per agent by the multi-agent trainer from :func:`~mgrpo_verl.trainer.lora.shared_vllm_adapters`. The classes are
+per agent by the multi-agent trainer from :func:`~mgrpo_verl.config.lora.shared_vllm_adapters`. The classes are
 subclasses of verl's own (server, replica, in-worker adapter, vLLM worker extension), picked by
 ``AgentLLMServerManager`` and ``AgentActorRolloutRefWorker`` when the table is present; nothing of verl is patched.
 Importing this module imports vLLM.
@@ -35,7 +35,7 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, 
 from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter
 from vllm.lora.request import LoRARequest
 
-from mgrpo_verl.trainer.lora import VLLM_ADAPTERS_KEY as ADAPTERS_KEY
+from mgrpo_verl.config.lora import VLLM_ADAPTERS_KEY as ADAPTERS_KEY
 
 #: The adapter of the request being generated, read by :class:`_AdapterEngine` (one asyncio task per request).
 _REQUEST_ADAPTER: contextvars.ContextVar[LoRARequest | None] = contextvars.ContextVar("mgrpo_request_adapter", default=None)

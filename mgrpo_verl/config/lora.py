@@ -10,7 +10,7 @@ Differs from verl, where one rollout engine serves one adapter: with the ``hf`` 
 agents whose adapters stay separate (``model.lora.merge: false``, verl's default) and whose base is the same
 ``model.path`` share **one** engine, hosted by the first of them (:func:`adapter_hosts`); each agent's
 weight sync sends its adapter only, under the agent's name, and each agent's requests name its adapter
-(``hf``: our engine, ``mgrpo_verl/hf_rollout/adapters.py``; ``vllm``: vLLM's multi-LoRA, ``mgrpo_verl/vllm_lora.py``).
+(``hf``: our engine, ``mgrpo_verl/hf_rollout/adapters.py``; ``vllm``: vLLM's multi-LoRA, ``mgrpo_verl/vllm_rollout/lora.py``).
 With ``lora.merge: true`` (verl syncs merged full weights) or SGLang (verl's one adapter per engine, never run
 here), a LoRA agent gets an engine of its own, as a full model does.
 """
@@ -71,7 +71,7 @@ def adapter_hosts(fulls: Mapping[str, DictConfig]) -> dict[str, str]:
 
 def shared_vllm_adapters(fulls: Mapping[str, DictConfig], hosts: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """LoRA agent -> the table of the vLLM engine it shares (``rollout.custom.mgrpo_vllm_adapters``,
-    ``mgrpo_verl/vllm_lora.py``): ``{"host": agent, "ids": {agent: id}, "max_rank": r}``, ids 1, 2, ... in the
+    ``mgrpo_verl/vllm_rollout/lora.py``): ``{"host": agent, "ids": {agent: id}, "max_rank": r}``, ids 1, 2, ... in the
     order of ``hosts`` (vLLM's adapter ids start at 1), the largest rank of the engine's agents; for every agent
     that ``hosts`` (:func:`adapter_hosts` of ``fulls``) puts on a vLLM engine, the host included."""
     hosts = {name: host for name, host in hosts.items() if _get(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
@@ -81,16 +81,6 @@ def shared_vllm_adapters(fulls: Mapping[str, DictConfig], hosts: Mapping[str, st
         table["ids"][name] = len(table["ids"]) + 1
         table["max_rank"] = max(table["max_rank"], _rank(fulls[name]))
     return {name: tables[host] for name, host in hosts.items()}
-
-
-def agent_client(llm: Any, owner: str, hosts: dict[str, str]) -> Any:
-    """The ``LLMServerClient`` of model owner ``owner`` from its server manager ``llm``: on a shared engine
-    (``owner`` in ``hosts``) one whose requests name ``owner``'s adapter, else verl's plain client."""
-    if owner not in hosts:
-        return llm.get_client()
-    from mgrpo_verl.hf_rollout.adapters import AdapterLLMServerClient
-
-    return llm.get_client(client_cls=AdapterLLMServerClient, lora_name=owner)
 
 
 #: Settings that members of one shared engine must agree on: the engine is built from the host's.
@@ -118,7 +108,7 @@ def _source(spec: AgentConfig, key: str) -> str:
 
 def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
     """The LoRA rules of multi-agent mode, before Ray starts; ``ValueError`` naming the key. Called by
-    :func:`~mgrpo_verl.trainer.multi_agent_config.parse_multi_agent` after the GPU shares are resolved, with
+    :func:`~mgrpo_verl.config.rules.parse_multi_agent` after the GPU shares are resolved, with
     every model owner's full config (``fulls``: name -> ``agent_full_config``)."""
     for spec in ma.model_owners:
         full = fulls[spec.name]

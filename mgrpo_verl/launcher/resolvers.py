@@ -1,6 +1,7 @@
 """OmegaConf resolvers used by our YAML, so that one file serves CPU and GPU machines.
 
-Each resolver is a pure function of its arguments and of what the machine has; none mutates the config.
+Each resolver is a pure function of its arguments and of what the machine has; none mutates the config or
+trains anything (the built-in tiny models and task files they name are written once, in seconds).
 They are registered by :func:`register_resolvers` before Hydra composes the config, and the driver
 resolves the config once before Ray starts (so Ray workers never need them).
 
@@ -15,14 +16,10 @@ resolves the config once before Ray starts (so Ray workers never need them).
 - ``mgrpo_tokenizer:<name>,<model path>``: the built-in model's tokenizer directory when ``model path`` is
   that model, else ``null`` (verl then uses the model's own);
 - ``mgrpo_config_file:<relative path>``: absolute path of a file shipped in ``mgrpo_verl/config/``;
-- ``mgrpo_warmstart:<task>,<agent>[,<settings>]``: directory of ``agent``'s warm-started checkpoint for a task
-  (``mgrpo_verl/warmstart``: demonstrations + verl's SFT trainer, built once into the cache, minutes on CPU);
-  ``settings`` is a mapping of :class:`mgrpo_verl.warmstart.WarmStartSpec` / ``SFTSettings`` fields, ``null``
-  values meaning the defaults (the ``task=relay_tools`` preset passes ``mgrpo_verl.warmstart``).
-
-Also here, because the config layer owns it and it must be importable without verl's trainer: the table of
-our trainer modes (:data:`TRAINER_MODES`) and the rule that turns ``multi_agent.decoupled.role`` into one
-(:func:`trainer_mode`).
+- ``mgrpo_warmstart:<agent>,<settings>``: directory of ``agent``'s checkpoint in the warm start that
+  ``settings`` (``mgrpo_verl.warmstart``: ``task`` and :class:`mgrpo_verl.warmstart.WarmStartSpec` /
+  ``SFTSettings`` fields, null meaning the default) names; a path only: the launcher's warm-start stage builds
+  it (:mod:`mgrpo_verl.launcher.warm_start`).
 """
 
 from __future__ import annotations
@@ -34,44 +31,10 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-DEVICE_MODES = ("auto", "cpu", "accelerator")
-
-TRAINER_MODES: dict[Optional[str], str] = {
-    None: "mgrpo",  # one process trains every agent: MultiAgentTrainer (trainer/per_agent.py)
-    "main": "mgrpo_decoupled_main",  # DecoupledMainTrainer (trainer/decoupled.py)
-    "sub": "mgrpo_decoupled_sub",  # DecoupledSubTrainer (trainer/decoupled.py)
-}
-"""``multi_agent.decoupled.role`` -> the ``trainer.v1.trainer_mode`` (verl's trainer registry) that runs it."""
+from mgrpo_verl.launcher.warm_start import checkpoint_dir
+from mgrpo_verl.platform import uses_cpu
 
 logger = logging.getLogger(__name__)
-
-
-def uses_cpu(mode: str) -> bool:
-    """Whether a run with ``mgrpo_verl.device=mode`` trains on the CPU platform."""
-    if mode not in DEVICE_MODES:
-        raise ValueError(f"mgrpo_verl.device must be one of {DEVICE_MODES}, got {mode!r}")
-    if mode != "auto":
-        return mode == "cpu"
-    from mgrpo_verl.platform import cpu_platform_active
-
-    return cpu_platform_active()
-
-
-def trainer_mode(role: Optional[str], configured: str) -> str:
-    """The trainer mode of a multi-agent run whose ``multi_agent.decoupled.role`` is ``role`` and whose
-    ``trainer.v1.trainer_mode`` is ``configured``: ``TRAINER_MODES[role]``. Users set only the role, so
-    ``configured`` is ``"mgrpo"`` (the YAML's) or already that mode; any other value contradicts the role
-    (or is one of verl's single-model modes) and raises ``ValueError``."""
-    if role not in TRAINER_MODES:
-        raise ValueError(f"multi_agent.decoupled.role must be null, 'main' or 'sub', got {role!r}")
-    expected = TRAINER_MODES[role]
-    if configured not in (TRAINER_MODES[None], expected):
-        raise ValueError(
-            f"trainer.v1.trainer_mode={configured!r} contradicts multi_agent.decoupled.role={role!r}, which runs "
-            f"the trainer mode {expected!r}: set only the role and leave trainer.v1.trainer_mode at "
-            f"{TRAINER_MODES[None]!r} (the role picks the mode)"
-        )
-    return expected
 
 
 def _device(mode: str) -> str:
@@ -124,25 +87,10 @@ def _tokenizer(name: str, model_path: str) -> Optional[str]:
 
 def _config_file(relative: str) -> str:
     """Absolute path of a file shipped in ``mgrpo_verl/config/`` (e.g. ``tools/relay_sub_tools.yaml``)."""
-    path = Path(__file__).resolve().parent / relative
+    path = Path(__file__).resolve().parent.parent / "config" / relative
     if not path.is_file():
         raise ValueError(f"mgrpo_config_file: no file {relative!r} in {path.parent}")
     return str(path)
-
-
-def _warmstart(task: str, agent: str, settings=None) -> str:
-    """Directory of ``agent``'s checkpoint in the warm start of ``task`` (built on first use, then cached)."""
-    import sys
-
-    from mgrpo_verl.warmstart.build import spec_from_settings, warm_start
-
-    if agent not in ("main", "sub"):
-        raise ValueError(f"mgrpo_warmstart: agent must be 'main' or 'sub', got {agent!r}")
-    settings = OmegaConf.to_container(settings, resolve=True) if OmegaConf.is_config(settings) else dict(settings or {})
-    out = settings.pop("out", None)
-    spec = spec_from_settings(task, settings)
-    result = warm_start(spec, out, log=lambda msg: print(f"mgrpo_warmstart: {msg}", file=sys.stderr, flush=True))
-    return str(result.main if agent == "main" else result.sub)
 
 
 RESOLVERS = {
@@ -153,7 +101,7 @@ RESOLVERS = {
     "mgrpo_model": _model,
     "mgrpo_tokenizer": _tokenizer,
     "mgrpo_config_file": _config_file,
-    "mgrpo_warmstart": _warmstart,
+    "mgrpo_warmstart": checkpoint_dir,
 }
 
 
