@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mgrpo_verl.config.schema import AgentConfig, MultiAgentConfig
+from mgrpo_verl.config.schema import MultiAgentConfig
 
 SHARED_ENGINE_ROLLOUTS = ("hf", "vllm")
 """Rollout engines that serve several agents' adapters on one base (ours; vLLM's multi-LoRA)."""
@@ -97,15 +97,6 @@ _ENGINE_KEYS = (
 )
 
 
-def _source(spec: AgentConfig, key: str) -> str:
-    """The full key that sets ``actor_rollout_ref.<key>`` for ``spec``: its override's, else the top level's."""
-    node: Any = spec.actor_rollout_ref
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    where = f"multi_agent.agents.{spec.name}.actor_rollout_ref" if node is not None else "actor_rollout_ref"
-    return f"{where}.{key}"
-
-
 def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
     """The LoRA rules of multi-agent mode, before Ray starts; ``ValueError`` naming the key. Called by
     :func:`~mgrpo_verl.config.rules.parse_multi_agent` after the GPU shares are resolved, with
@@ -115,14 +106,14 @@ def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
         megatron = _get(full, "actor_rollout_ref.model.lora.rank")
         if isinstance(megatron, int) and megatron > 0:
             raise ValueError(
-                f"{_source(spec, 'model.lora.rank')} makes actor_rollout_ref.model.lora.rank {megatron} for agent "
+                f"{spec.key_of('model.lora.rank')} makes actor_rollout_ref.model.lora.rank {megatron} for agent "
                 f"{spec.name!r}: that is Megatron's LoRA, which multi-agent mode does not support; use verl's FSDP "
                 f"LoRA, actor_rollout_ref.model.lora_rank"
             )
         rank = _rank(full)
         if not rank:
             continue
-        what = f"agent {spec.name!r} is a LoRA agent ({_source(spec, 'model.lora_rank')}={rank})"
+        what = f"agent {spec.name!r} is a LoRA agent ({spec.key_of('model.lora_rank')}={rank})"
         strategy = _get(full, "actor_rollout_ref.actor.strategy")
         if strategy not in LORA_STRATEGIES:
             raise ValueError(f"{what} but actor_rollout_ref.actor.strategy is {strategy!r}: verl's LoRA (peft) needs "

@@ -58,12 +58,10 @@ class RunPlan:
         """The key a user sets to change ``leaf`` (e.g. ``actor_rollout_ref.rollout.name``) for ``agent``: its
         ``multi_agent.agents.<agent>.`` override when it has one, else the top-level key (also for ``None``).
         Errors name it."""
-        if agent is None or self.multi_agent is None:
+        prefix = "actor_rollout_ref."
+        if agent is None or self.multi_agent is None or not leaf.startswith(prefix):
             return leaf
-        override = f"multi_agent.agents.{agent}.{leaf}"
-        found = OmegaConf.select(self.config, override, default=None, throw_on_missing=False,
-                                 throw_on_resolution_failure=False)
-        return override if found is not None else leaf
+        return self.multi_agent.agent(agent).key_of(leaf[len(prefix):])
 
     def describe(self) -> str:
         """One line: the mode and each model owner with its model, for the launcher's and trainer's logs."""

@@ -194,6 +194,8 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
     check_lora(ma, fulls)
     # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
     _check_agent_overrides(config, fulls, owners, rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
+    if ma.algorithm != "magrpo":  # MAGRPO's rows per model: _check_magrpo_batches above
+        _check_micro_batches(fulls, owners)
     return ma, fulls
 
 
@@ -318,6 +320,44 @@ def _check_agent_overrides(config: DictConfig, fulls: Mapping[str, DictConfig], 
                 f"{path}.rollout.n makes actor_rollout_ref.rollout.n {n!r} for agent {spec.name!r} but the top-level "
                 f"one is {top_n!r}: every agent must use the same n, because sub-agent rows are grouped with their "
                 f"parents' rollouts"
+            )
+
+
+def _check_micro_batches(fulls: Mapping[str, DictConfig], owners: list[AgentConfig]) -> None:
+    """verl splits the rows each GPU of a model gets into micro-batches and asserts whole ones, inside a worker at
+    step 1 ("data size must be divisible by ... micro_batch_size_per_gpu", verl/workers/engine/utils.py). A model
+    gets B x n main rows and B x n x D_max aligned rows per sub-agent it plays (D_max >= 1, varying with
+    ``auto``), over its GPUs: every micro-batch of the log-prob passes (all rows at once) must divide
+    B x n / GPUs, and the update's must divide one mini-batch, ppo_mini_batch_size x n / GPUs. Passes with a
+    dynamic batch size are not split this way."""
+    arr = "actor_rollout_ref"
+    for spec in owners:
+        full = fulls[spec.name]
+        batch, n = _select(full, "data.train_batch_size"), _select(full, f"{arr}.rollout.n")
+        world, mini = _select(full, "trainer.n_gpus_per_node"), _select(full, f"{arr}.actor.ppo_mini_batch_size")
+        if not all(_is_int(v) and v > 0 for v in (batch, n, world)):
+            continue  # refused elsewhere (rollout.n, n_gpus_per_node) or left to verl
+        if batch * n % world:
+            raise ValueError(
+                f"data.train_batch_size x {spec.key_of('rollout.n')} = {batch} x {n} rows are not a multiple of the "
+                f"{world} GPUs of agent {spec.name!r}'s model (multi_agent.agents.{spec.name}.n_gpus_per_node, or every "
+                f"GPU with multi_agent.placement=shared): verl splits a model's rows evenly over its GPUs"
+            )
+        per_gpu = {"log-prob": batch * n // world, "update": mini * n // world if _is_int(mini) and mini > 0 else None}
+        passes = [("rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_use_dynamic_bsz", "log-prob"),
+                  ("actor.ppo_micro_batch_size_per_gpu", "actor.use_dynamic_bsz", "update")]
+        if _select(full, f"{arr}.actor.use_kl_loss"):  # verl computes reference log-probs only for a KL loss here
+            passes.append(("ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_use_dynamic_bsz", "log-prob"))
+        for leaf, dynamic, kind in passes:
+            value, unit = _select(full, f"{arr}.{leaf}"), per_gpu[kind]
+            if unit is None or _select(full, f"{arr}.{dynamic}") or not _is_int(value) or value <= 0 or unit % value == 0:
+                continue
+            rows = (f"data.train_batch_size x rollout.n = {batch} x {n}" if kind == "log-prob" else
+                    f"one mini-batch, {spec.key_of('actor.ppo_mini_batch_size')} x rollout.n = {mini} x {n}")
+            raise ValueError(
+                f"{spec.key_of(leaf)} is {value} but agent {spec.name!r}'s model gets {unit} rows per GPU in each "
+                f"{kind} pass ({rows} rows over {world} GPU(s); a sub-agent's model that many times D_max): verl "
+                f"cuts them into micro-batches of {value} and asserts whole ones at step 1; set it to a divisor of {unit}"
             )
 
 

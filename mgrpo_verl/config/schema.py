@@ -130,6 +130,16 @@ class AgentConfig(BaseConfig):
         """Whether the agent has a model (and workers) of its own."""
         return self.share_model_with is None
 
+    def key_of(self, leaf: str) -> str:
+        """The key that sets ``actor_rollout_ref.<leaf>`` for this agent: its override
+        ``multi_agent.agents.<name>.actor_rollout_ref.<leaf>`` when it has one, else the top-level key. Errors
+        name it."""
+        node: Any = self.actor_rollout_ref
+        for part in leaf.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        where = f"{_A}.{self.name}.actor_rollout_ref" if node is not None else "actor_rollout_ref"
+        return f"{where}.{leaf}"
+
 
 @dataclass
 class DelegationConfig(BaseConfig):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
@@ -38,6 +39,7 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
 
     config, pending = plan.config, dict(pending_models or {})
     check_rollout_n(config)  # verl takes n <= 0 and fails minutes later in the replay buffer
+    check_values(plan)
     check_rollout_engines(plan)
     if on_cpu:
         check_vllm_on_cpu(plan, pending)
@@ -55,6 +57,43 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
     bases = {name: pending[path] for name, cfg in plan.local_configs.items()
              if (path := str(OmegaConf.select(cfg, "actor_rollout_ref.model.path"))) in pending}
     check_memory(plan, {name: found[0] for name, base in bases.items() if (found := read_model_config(base))})
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+#: Values verl takes without a word and then fails on inside a worker, or silently misuses: (key, what it must be,
+#: test, whether each agent's override of it counts). The run's own keys first, then each model owner's.
+VALUE_RULES: tuple[tuple[str, str, Callable[[Any], bool], bool], ...] = (
+    # a negative horizon trains for ever (verl's loop never reaches it); null: epochs x steps per epoch
+    ("trainer.total_training_steps", "null or an int >= 1", lambda v: v is None or _positive_int(v), False),
+    ("trainer.total_epochs", "an int >= 1", _positive_int, False),
+    ("data.train_batch_size", "an int >= 1", _positive_int, False),
+    ("data.max_prompt_length", "an int >= 1", _positive_int, False),
+    ("data.max_response_length", "an int >= 1", _positive_int, False),
+    ("actor_rollout_ref.rollout.response_length", "an int >= 1", _positive_int, True),
+    ("actor_rollout_ref.rollout.prompt_length", "an int >= 1", _positive_int, True),
+    ("actor_rollout_ref.actor.optim.lr", "a finite number > 0",
+     lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0, True),
+    # verl reads any rank <= 0 as "no LoRA": a negative one would train the full model without a word
+    ("actor_rollout_ref.model.lora_rank", "an int >= 0 (0: no LoRA)",
+     lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, True),
+)
+
+
+def check_values(plan: RunPlan) -> None:
+    """Each of :data:`VALUE_RULES` on the run's config and on every model owner's (an agent's override named
+    where it set the value); a key the config does not have is not checked (verl's default applies)."""
+    sources = [(None, plan.config)] + list(plan.agent_configs.items())
+    for key, what, ok, per_agent in VALUE_RULES:
+        for agent, config in sources if per_agent else sources[:1]:
+            node = OmegaConf.select(config, key, default=_ABSENT, throw_on_missing=False)
+            if node is not _ABSENT and not ok(node):
+                raise ValueError(f"{plan.source_key(agent, key)} must be {what}, got {node!r}")
+
+
+_ABSENT = object()
 
 
 def check_rollout_engines(plan: RunPlan) -> None:

@@ -88,9 +88,74 @@ def test_rollout_n_one_is_a_warning_not_an_error(run, caplog):
     """n=1: verl's GRPO gives a group of one mean 0 and std 1 (advantage = raw score), a valid if weak setting,
     so it is allowed, with a warning (MAGRPO even requires n=1)."""
     with caplog.at_level(logging.WARNING, logger="mgrpo_verl.config.rules"):
-        err, _ = run("actor_rollout_ref.rollout.n=1", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4")
+        err, _ = run("actor_rollout_ref.rollout.n=1", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                     *MICRO_BATCHES_OF_4)
     assert isinstance(err, ReachedRay), err
     assert any("rollout.n=1" in r.getMessage() and "raw score" in r.getMessage() for r in caplog.records)
+
+
+#: micro-batches that divide the 4 rows per GPU of a run with 4 prompts and n=1
+MICRO_BATCHES_OF_4 = ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+
+
+@pytest.mark.parametrize("n, per_gpu", [("1", 4), ("2", 8)])
+def test_rollout_n_that_leaves_a_partial_micro_batch(run, n, per_gpu):
+    """task=relay's 4 prompts x n rows per model, log-prob micro-batches of 16: with n=1 or 2 verl's workers
+    asserted "data size must be divisible by ... micro_batch_size_per_gpu" at step 1, naming no key (issue 29)."""
+    _refused(run, f"actor_rollout_ref.rollout.n={n}",
+             names=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu is 16", f"{per_gpu} rows per GPU",
+                    f"a divisor of {per_gpu}"))
+
+
+def test_shared_placement_on_two_gpus_leaves_a_partial_micro_batch_and_on_one_reaches_ray(run):
+    """placement=shared gives every agent's model all the GPUs: on task=relay's 2 logical GPUs each gets 16 / 2 = 8
+    rows per GPU, under the micro-batch of 16 (the step-1 assertion the issue reported, traced); the one-GPU layout
+    (trainer.n_gpus_per_node=1, which trains: measured 2026-11-27, 1 step, exit 0) passes."""
+    _refused(run, "multi_agent.placement=shared",
+             names=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu is 16", "over 2 GPU(s)", "divisor of 8"))
+    err, _ = run("multi_agent.placement=shared", "trainer.n_gpus_per_node=1")
+    assert isinstance(err, ReachedRay), err
+
+
+def test_an_agents_micro_batch_override_is_named(run):
+    _refused(run, "+multi_agent.agents.sub.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+             names=("multi_agent.agents.sub.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is 3", "'sub'",
+                    "divisor of 16"))
+
+
+@pytest.mark.parametrize("override, key, value", [
+    ("trainer.total_training_steps=-5", "trainer.total_training_steps", "-5"),
+    ("trainer.total_training_steps=0", "trainer.total_training_steps", "0"),
+    ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr", "-1"),
+    ("data.max_response_length=0", "data.max_response_length", "0"),
+    ("+multi_agent.agents.sub.actor_rollout_ref.actor.optim.lr=-0.1", "multi_agent.agents.sub.actor_rollout_ref.actor.optim.lr",
+     "-0.1"),
+    ("+multi_agent.agents.sub.actor_rollout_ref.model.lora_rank=-4", "multi_agent.agents.sub.actor_rollout_ref.model.lora_rank",
+     "-4"),
+])
+def test_values_verl_misuses_are_refused_naming_the_key(run, override, key, value):
+    """Each of these trained (a negative horizon, a negative per-agent LoRA rank: the full model) or failed inside a
+    worker minutes later (issue 29)."""
+    _refused(run, override, names=(f"{key} must be", f"got {value}"))
+
+
+def test_a_typo_is_refused_before_the_warm_start_is_built(run, monkeypatch):
+    """task=relay_tools on a machine without its warm start: a bad value is refused at once, the SFT (minutes) never
+    starts; with no bad value the launcher reaches the warm-start stage, after every check and before Ray."""
+    from mgrpo_verl.warmstart import build
+
+    class ReachedWarmStart(Exception):
+        pass
+
+    def fake_warm_start(*args, **kwargs):
+        raise ReachedWarmStart()
+
+    monkeypatch.setattr(build, "cached", lambda *a, **k: None)  # as on a fresh machine
+    monkeypatch.setattr(build, "warm_start", fake_warm_start)
+    _refused(run, "task=relay_tools", "multi_agent.d_max=autox", names=("multi_agent.d_max", "autox"))
+    err, _ = run("task=relay_tools")
+    assert isinstance(err, ReachedWarmStart), err
 
 
 def test_default_config_reaches_ray(run):

@@ -364,7 +364,9 @@ def test_decoupled_sides_on_one_host_use_different_sockets(vllm, monkeypatch, ra
 
 def test_side_offsets_count_the_other_sides_gpus():
     cfg = _compose("mgrpo_trainer", "task=relay", "trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4",
-                   "multi_agent.agents.sub.n_gpus_per_node=4")
+                   "multi_agent.agents.sub.n_gpus_per_node=4",  # 16 rows over 4 GPUs: micro-batches of 4
+                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
     ma = build_plan(cfg).multi_agent
     assert agents.side_replica_offsets(ma, {"main": 2, "sub": 2}) == {"main": 0, "sub": 2}  # synchronous: as before
     assert agents.side_replica_offsets(ma, {"sub": 2}) == {"main": 0, "sub": 4}  # sub side: main has at most 4
