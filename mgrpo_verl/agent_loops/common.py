@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
@@ -25,6 +25,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from verl.utils import hf_tokenizer
 
+from mgrpo_verl.config import setting
 from mgrpo_verl.config.schema import AgentConfig, DelegationConfig, load_multi_agent
 from mgrpo_verl.envs import relay
 from mgrpo_verl.rowmeta import RowMeta, main_traj_id, sub_traj_id
@@ -232,16 +233,10 @@ def score_trajectory(
     return ScoredTrajectory(score, main, subs, info)
 
 
-def agent_setting(agent_config: Any, key: str, default: Any) -> Any:
-    """``key`` of an agent's full config (a client's ``config``), or ``default`` when it has none."""
-    if not isinstance(agent_config, DictConfig):
-        return default
-    return OmegaConf.select(agent_config, key, default=default)
-
 
 def tokenizer_path(agent_config: Any) -> str | None:
     """``actor_rollout_ref.model.tokenizer_path``, else ``.path``, of an agent's full config."""
-    return agent_setting(agent_config, "actor_rollout_ref.model.tokenizer_path", None) or agent_setting(
+    return setting(agent_config, "actor_rollout_ref.model.tokenizer_path", None) or setting(
         agent_config, "actor_rollout_ref.model.path", None
     )
 
@@ -302,12 +297,12 @@ def resolve_agent(loop: AgentLoopBase, name: str, response_tokens: int) -> Agent
     tokenizer = loop.tokenizer
     if path is not None and path != tokenizer_path(loop.config):
         if path not in TOKENIZERS:
-            trust = bool(agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+            trust = bool(setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
             TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
         tokenizer = TOKENIZERS[path]
     rollout = "actor_rollout_ref.rollout"
-    prompt_length = int(agent_setting(agent_config, f"{rollout}.prompt_length", loop.rollout_config.prompt_length))
-    response_length = int(agent_setting(agent_config, f"{rollout}.response_length", loop.rollout_config.response_length))
+    prompt_length = int(setting(agent_config, f"{rollout}.prompt_length", loop.rollout_config.prompt_length))
+    response_length = int(setting(agent_config, f"{rollout}.response_length", loop.rollout_config.response_length))
     return AgentHandle(name, client, tokenizer, prompt_length, min(response_tokens, response_length))
 
 

@@ -118,6 +118,7 @@ from verl.workers.rollout.replica import TokenOutput
 from mgrpo_verl.envs import relay
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
 from mgrpo_verl.agent_loops import common, delegation
+from mgrpo_verl.config import setting
 from mgrpo_verl.rowmeta import ROW_META
 
 logger = logging.getLogger(__name__)
@@ -356,7 +357,7 @@ def _tools_for(agent_config: Any) -> list[Any]:
     """The tools of an agent's full config (``multi_turn.tool_config_path`` / ``function_tool_path``), loaded
     once per process; none without a config."""
     key = tuple(
-        common.agent_setting(agent_config, f"actor_rollout_ref.rollout.multi_turn.{name}", None)
+        setting(agent_config, f"actor_rollout_ref.rollout.multi_turn.{name}", None)
         for name in ("tool_config_path", "function_tool_path")
     )
     if key not in _TOOLS:
@@ -367,12 +368,6 @@ def _tools_for(agent_config: Any) -> list[Any]:
         )
     return _TOOLS[key]
 
-
-def _field(node: Any, key: str, default: Any) -> Any:
-    """``node.key`` of a config section, a ``DictConfig`` or a dataclass; ``default`` when absent."""
-    if node is None:
-        return default
-    return node.get(key, default) if hasattr(node, "get") else getattr(node, key, default)
 
 
 def _model_type(path: Optional[str]) -> Optional[str]:
@@ -609,28 +604,25 @@ class ToolDelegationLoop(ToolAgentLoop):
         tokenizer, hf_model_type = self.tokenizer, self._hf_model_type
         if path is not None and path != common.tokenizer_path(self.config):
             if path not in common.TOKENIZERS:
-                trust = bool(common.agent_setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
+                trust = bool(setting(agent_config, "actor_rollout_ref.model.trust_remote_code", False))
                 common.TOKENIZERS[path] = hf_tokenizer(path, trust_remote_code=trust)
             tokenizer = common.TOKENIZERS[path]
-            hf_model_type = _model_type(common.agent_setting(agent_config, "actor_rollout_ref.model.path", None))
+            hf_model_type = _model_type(setting(agent_config, "actor_rollout_ref.model.path", None))
 
         rollout, multi_turn = "actor_rollout_ref.rollout", "actor_rollout_ref.rollout.multi_turn"
         main_rollout = self.rollout_config
 
-        def setting(key: str, default: Any) -> Any:
-            return common.agent_setting(agent_config, key, default)
-
-        response_length = int(setting(f"{rollout}.response_length", self.response_length))
+        response_length = int(setting(agent_config, f"{rollout}.response_length", self.response_length))
         sub_rollout = {
-            "prompt_length": int(setting(f"{rollout}.prompt_length", self.prompt_length)),
+            "prompt_length": int(setting(agent_config, f"{rollout}.prompt_length", self.prompt_length)),
             "response_length": response_length,
             "full_determinism": bool(
-                setting(f"{rollout}.full_determinism", _field(main_rollout, "full_determinism", False))
+                setting(agent_config, f"{rollout}.full_determinism", setting(main_rollout, "full_determinism", False))
             ),
             "multi_turn": {
                 "max_assistant_turns": self.settings.delegation.sub_max_turns,
                 **{
-                    key: setting(f"{multi_turn}.{key}", _field(_field(main_rollout, "multi_turn", None), key, default))
+                    key: setting(agent_config, f"{multi_turn}.{key}", setting(main_rollout, f"multi_turn.{key}", default))
                     for key, default in (
                         ("max_user_turns", None),
                         ("max_parallel_calls", 1),

@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from mgrpo_verl.config import setting
 from mgrpo_verl.config.schema import MultiAgentConfig
 
 SHARED_ENGINE_ROLLOUTS = ("hf", "vllm")
@@ -34,13 +35,9 @@ LORA_STRATEGIES = ("fsdp", "fsdp2")
 """Actor strategies whose LoRA (peft) verl implements with ``model.lora_rank``."""
 
 
-def _get(config: DictConfig, key: str) -> Any:
-    value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
 
 def _rank(config: DictConfig) -> int:
-    value = _get(config, "actor_rollout_ref.model.lora_rank")
+    value = setting(config, "actor_rollout_ref.model.lora_rank")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
@@ -51,8 +48,8 @@ def lora_owners(fulls: Mapping[str, DictConfig]) -> dict[str, DictConfig]:
 
 
 def _shares_engine(full: DictConfig) -> bool:
-    return _get(full, "actor_rollout_ref.rollout.name") in SHARED_ENGINE_ROLLOUTS and not bool(
-        _get(full, "actor_rollout_ref.model.lora.merge"))
+    return setting(full, "actor_rollout_ref.rollout.name") in SHARED_ENGINE_ROLLOUTS and not bool(
+        setting(full, "actor_rollout_ref.model.lora.merge"))
 
 
 def adapter_hosts(fulls: Mapping[str, DictConfig]) -> dict[str, str]:
@@ -64,7 +61,7 @@ def adapter_hosts(fulls: Mapping[str, DictConfig]) -> dict[str, str]:
     for name, full in lora_owners(fulls).items():
         if not _shares_engine(full):
             continue
-        engine = (_get(full, "actor_rollout_ref.rollout.name"), str(_get(full, "actor_rollout_ref.model.path")))
+        engine = (setting(full, "actor_rollout_ref.rollout.name"), str(setting(full, "actor_rollout_ref.model.path")))
         hosts[name] = first.setdefault(engine, name)
     return hosts
 
@@ -74,7 +71,7 @@ def shared_vllm_adapters(fulls: Mapping[str, DictConfig], hosts: Mapping[str, st
     ``mgrpo_verl/vllm_rollout/lora.py``): ``{"host": agent, "ids": {agent: id}, "max_rank": r}``, ids 1, 2, ... in the
     order of ``hosts`` (vLLM's adapter ids start at 1), the largest rank of the engine's agents; for every agent
     that ``hosts`` (:func:`adapter_hosts` of ``fulls``) puts on a vLLM engine, the host included."""
-    hosts = {name: host for name, host in hosts.items() if _get(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
+    hosts = {name: host for name, host in hosts.items() if setting(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
     tables: dict[str, dict[str, Any]] = {}
     for name, host in hosts.items():
         table = tables.setdefault(host, {"host": host, "ids": {}, "max_rank": 0})
@@ -103,7 +100,7 @@ def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
     every model owner's full config (``fulls``: name -> ``agent_full_config``)."""
     for spec in ma.model_owners:
         full = fulls[spec.name]
-        megatron = _get(full, "actor_rollout_ref.model.lora.rank")
+        megatron = setting(full, "actor_rollout_ref.model.lora.rank")
         if isinstance(megatron, int) and megatron > 0:
             raise ValueError(
                 f"{spec.key_of('model.lora.rank')} makes actor_rollout_ref.model.lora.rank {megatron} for agent "
@@ -114,7 +111,7 @@ def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
         if not rank:
             continue
         what = f"agent {spec.name!r} is a LoRA agent ({spec.key_of('model.lora_rank')}={rank})"
-        strategy = _get(full, "actor_rollout_ref.actor.strategy")
+        strategy = setting(full, "actor_rollout_ref.actor.strategy")
         if strategy not in LORA_STRATEGIES:
             raise ValueError(f"{what} but actor_rollout_ref.actor.strategy is {strategy!r}: verl's LoRA (peft) needs "
                              f"one of {list(LORA_STRATEGIES)}")
@@ -127,7 +124,7 @@ def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
             continue
         mine, theirs = fulls[name], fulls[host]
         for key in _ENGINE_KEYS:
-            a, b = _get(mine, key), _get(theirs, key)
+            a, b = setting(mine, key), setting(theirs, key)
             if a != b:
                 raise ValueError(
                     f"LoRA agents {host!r} and {name!r} share one rollout engine (same actor_rollout_ref.model.path and "

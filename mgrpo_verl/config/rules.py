@@ -24,6 +24,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from mgrpo_verl.algorithms.config import MAGRPOConfig
+from mgrpo_verl.config import setting
 from mgrpo_verl.config.schema import AgentConfig, CooperationConfig, MultiAgentConfig, load_multi_agent, trainer_mode
 from mgrpo_verl.config.lora import check_lora
 
@@ -50,13 +51,6 @@ def _as_dictconfig(config: Any) -> DictConfig:
         return OmegaConf.create(dict(config))
     raise TypeError(f"expected a DictConfig or a mapping, got {type(config).__name__}")
 
-
-def _select(config: DictConfig, key: str) -> Any:
-    """The value at ``key``, ``None`` when absent or ``???``; containers come back as plain ones."""
-    value = OmegaConf.select(config, key, default=None, throw_on_missing=False)
-    if OmegaConf.is_config(value):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
 
 
 def _positive(value: Any) -> bool:
@@ -110,7 +104,7 @@ def agent_full_config(config: DictConfig, spec: AgentConfig) -> DictConfig:
     OmegaConf.update(full, "trainer.n_gpus_per_node", spec.n_gpus_per_node, merge=False)
     OmegaConf.update(full, "trainer.nnodes", 1, merge=False)
     OmegaConf.update(full, "actor_rollout_ref.rollout.n_gpus_per_node", spec.n_gpus_per_node, merge=False)
-    custom = _select(full, "actor_rollout_ref.rollout.custom")
+    custom = setting(full, "actor_rollout_ref.rollout.custom")
     if custom is not None and not isinstance(custom, Mapping):
         raise ValueError(f"actor_rollout_ref.rollout.custom must be a mapping or null, got {custom!r}")
     custom = dict(custom or {})
@@ -139,12 +133,12 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
 
     # the trainer: our mode, one node, a GPU budget the owners fit in
     # "mgrpo" (the YAML's; main_ppo then sets the role's mode) or the role's own mode, else refused naming the key
-    trainer_mode(ma.decoupled.role, _select(config, "trainer.v1.trainer_mode"))
+    trainer_mode(ma.decoupled.role, setting(config, "trainer.v1.trainer_mode"))
     nnodes = OmegaConf.select(config, "trainer.nnodes", default=1, throw_on_missing=False)
     if nnodes != 1:
         raise ValueError(f"trainer.nnodes must be 1 in multi-agent mode, got {nnodes!r}: placing the agents' "
                          f"workers over several nodes is not supported yet")
-    total = _select(config, "trainer.n_gpus_per_node")
+    total = setting(config, "trainer.n_gpus_per_node")
     if not _is_int(total) or total < 1:
         raise ValueError(f"trainer.n_gpus_per_node must be a positive int, got {total!r}")
     if ma.placement == "shared":
@@ -167,7 +161,7 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
             f"with multi_agent.placement=shared"
         )
     if ma.decoupled.role == "sub":
-        val_before, test_freq = _select(config, "trainer.val_before_train"), _select(config, "trainer.test_freq")
+        val_before, test_freq = setting(config, "trainer.val_before_train"), setting(config, "trainer.test_freq")
         if val_before is not False or (_is_int(test_freq) and test_freq > 0):
             raise ValueError(
                 f"multi_agent.decoupled.role is 'sub' but validation is on (trainer.val_before_train={val_before!r}, "
@@ -178,7 +172,7 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
     # the algorithm against verl's rollout and batch sizes
     if ma.algorithm == "magrpo":
         _check_magrpo_batches(config, ma.magrpo, ma.cooperation)
-        n = _select(config, "actor_rollout_ref.rollout.n")
+        n = setting(config, "actor_rollout_ref.rollout.n")
         if n != 1:
             raise ValueError(
                 f"actor_rollout_ref.rollout.n is {n!r} but multi_agent.algorithm is magrpo: the cooperative rollout "
@@ -208,14 +202,14 @@ def _check_magrpo_batches(config: DictConfig, magrpo: MAGRPOConfig, coop: Cooper
     B x G first-turn rows, plus G rows per node expanded at a later turn (their number varies with early
     termination), so every such size must divide B x G (one turn) or G (several turns)."""
     g = magrpo.num_generations
-    batch = _select(config, "data.train_batch_size")
+    batch = setting(config, "data.train_batch_size")
     unit = g if coop.num_turns > 1 else (batch * g if _is_int(batch) else None)
     if unit is None:
         return
     for key in ("actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
-        value = _select(config, key)
+        value = setting(config, key)
         if _is_int(value) and value > 0 and unit % value:
             what = "multi_agent.magrpo.num_generations" if coop.num_turns > 1 else "data.train_batch_size x num_generations"
             raise ValueError(
@@ -237,22 +231,22 @@ def _rollout_correction_active(value: Any) -> bool:
 
 
 def _check_unsupported(config: DictConfig) -> None:
-    critic = _select(config, "critic.enable")
+    critic = setting(config, "critic.enable")
     if critic is True:
         raise ValueError("critic.enable is true: multi-agent mode has no critic; set critic.enable: null or false")
-    estimator = _select(config, "algorithm.adv_estimator")
+    estimator = setting(config, "algorithm.adv_estimator")
     if estimator is not None and estimator not in SUPPORTED_ADV_ESTIMATORS:
         raise ValueError(
             f"algorithm.adv_estimator must be one of {list(SUPPORTED_ADV_ESTIMATORS)} in multi-agent mode, got "
             f"{estimator!r}: our trainer computes advantages itself (multi_agent.algorithm), but verl would "
             f"start a critic for gae, which multi-agent mode does not support"
         )
-    if _select(config, "algorithm.use_kl_in_reward") is True:
+    if setting(config, "algorithm.use_kl_in_reward") is True:
         raise ValueError(
             "algorithm.use_kl_in_reward is true: a KL penalty in the reward is not supported in multi-agent mode; "
             "use actor_rollout_ref.actor.use_kl_loss instead"
         )
-    correction = _select(config, "algorithm.rollout_correction")
+    correction = setting(config, "algorithm.rollout_correction")
     if _rollout_correction_active(correction):
         raise ValueError(
             f"algorithm.rollout_correction is set ({correction!r}): rollout correction (importance sampling, "
@@ -260,11 +254,11 @@ def _check_unsupported(config: DictConfig) -> None:
             f"rollout_is, rollout_rs null and bypass_mode false"
         )
     for key in ("reward.reward_model.enable", "reward_model.enable"):
-        if _select(config, key) is True:
+        if setting(config, key) is True:
             raise ValueError(
                 f"{key} is true: a reward model is not supported in multi-agent mode; use a reward function"
             )
-    if _select(config, "distillation.enabled") is True:
+    if setting(config, "distillation.enabled") is True:
         raise ValueError("distillation.enabled is true: distillation is not supported in multi-agent mode")
 
 
@@ -274,9 +268,9 @@ def _check_shared_engines(fulls: Mapping[str, DictConfig], owners: list[AgentCon
     fractions = {}
     for spec in owners:
         full = fulls[spec.name]
-        if _select(full, "actor_rollout_ref.rollout.name") not in ENGINES_WITH_MEMORY_FRACTION:
+        if setting(full, "actor_rollout_ref.rollout.name") not in ENGINES_WITH_MEMORY_FRACTION:
             continue
-        value = _select(full, "actor_rollout_ref.rollout.gpu_memory_utilization")
+        value = setting(full, "actor_rollout_ref.rollout.gpu_memory_utilization")
         if not _positive(value) or value >= 1:
             raise ValueError(
                 f"actor_rollout_ref.rollout.gpu_memory_utilization of agent {spec.name!r} must be a fraction in (0, 1), "
@@ -295,13 +289,13 @@ def _check_shared_engines(fulls: Mapping[str, DictConfig], owners: list[AgentCon
 
 def _check_agent_overrides(config: DictConfig, fulls: Mapping[str, DictConfig], owners: list[AgentConfig],
                            rows_per_prompt: int = 1) -> None:
-    top_n = _select(config, "actor_rollout_ref.rollout.n")
-    batch = _select(config, "data.train_batch_size")
+    top_n = setting(config, "actor_rollout_ref.rollout.n")
+    batch = setting(config, "data.train_batch_size")
     batch = batch * rows_per_prompt if _is_int(batch) else batch
     for spec in owners:
         path = f"multi_agent.agents.{spec.name}.actor_rollout_ref"
         full = fulls[spec.name]
-        mini = _select(full, "actor_rollout_ref.actor.ppo_mini_batch_size")
+        mini = setting(full, "actor_rollout_ref.actor.ppo_mini_batch_size")
         if _is_int(batch) and _is_int(mini) and mini > 0 and batch % mini:
             # a model trains on B*n main rows and/or B*n*D_max aligned sub rows: whole mini-batches of
             # mini*n rows exactly when B is a multiple of mini (no padding rows, no lopsided last update)
@@ -314,7 +308,7 @@ def _check_agent_overrides(config: DictConfig, fulls: Mapping[str, DictConfig], 
             )
         if not spec.actor_rollout_ref:
             continue
-        n = _select(full, "actor_rollout_ref.rollout.n")
+        n = setting(full, "actor_rollout_ref.rollout.n")
         if n != top_n:
             raise ValueError(
                 f"{path}.rollout.n makes actor_rollout_ref.rollout.n {n!r} for agent {spec.name!r} but the top-level "
@@ -333,8 +327,8 @@ def _check_micro_batches(fulls: Mapping[str, DictConfig], owners: list[AgentConf
     arr = "actor_rollout_ref"
     for spec in owners:
         full = fulls[spec.name]
-        batch, n = _select(full, "data.train_batch_size"), _select(full, f"{arr}.rollout.n")
-        world, mini = _select(full, "trainer.n_gpus_per_node"), _select(full, f"{arr}.actor.ppo_mini_batch_size")
+        batch, n = setting(full, "data.train_batch_size"), setting(full, f"{arr}.rollout.n")
+        world, mini = setting(full, "trainer.n_gpus_per_node"), setting(full, f"{arr}.actor.ppo_mini_batch_size")
         if not all(_is_int(v) and v > 0 for v in (batch, n, world)):
             continue  # refused elsewhere (rollout.n, n_gpus_per_node) or left to verl
         if batch * n % world:
@@ -346,11 +340,11 @@ def _check_micro_batches(fulls: Mapping[str, DictConfig], owners: list[AgentConf
         per_gpu = {"log-prob": batch * n // world, "update": mini * n // world if _is_int(mini) and mini > 0 else None}
         passes = [("rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_use_dynamic_bsz", "log-prob"),
                   ("actor.ppo_micro_batch_size_per_gpu", "actor.use_dynamic_bsz", "update")]
-        if _select(full, f"{arr}.actor.use_kl_loss"):  # verl computes reference log-probs only for a KL loss here
+        if setting(full, f"{arr}.actor.use_kl_loss"):  # verl computes reference log-probs only for a KL loss here
             passes.append(("ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_use_dynamic_bsz", "log-prob"))
         for leaf, dynamic, kind in passes:
-            value, unit = _select(full, f"{arr}.{leaf}"), per_gpu[kind]
-            if unit is None or _select(full, f"{arr}.{dynamic}") or not _is_int(value) or value <= 0 or unit % value == 0:
+            value, unit = setting(full, f"{arr}.{leaf}"), per_gpu[kind]
+            if unit is None or setting(full, f"{arr}.{dynamic}") or not _is_int(value) or value <= 0 or unit % value == 0:
                 continue
             rows = (f"data.train_batch_size x rollout.n = {batch} x {n}" if kind == "log-prob" else
                     f"one mini-batch, {spec.key_of('actor.ppo_mini_batch_size')} x rollout.n = {mini} x {n}")
@@ -373,17 +367,17 @@ def check_rollout_n(config: DictConfig) -> None:
     the replay buffer). n = 1 with a group-relative estimator is allowed with a warning, not refused: verl's
     GRPO (and our M-GRPO) give a group of one mean 0 and std 1, so the advantage is the raw score (no
     baseline); MAGRPO requires n = 1, and M-GRPO's sub-agent groups can still have several members."""
-    n = _select(config, "actor_rollout_ref.rollout.n")
+    n = setting(config, "actor_rollout_ref.rollout.n")
     if not _is_int(n) or n < 1:
         raise ValueError(f"actor_rollout_ref.rollout.n must be an int >= 1 (responses per prompt), got {n!r}")
     if n > 1:
         return
     if multi_agent_enabled(config):
-        algorithm = _select(config, "multi_agent.algorithm") or "mgrpo"
+        algorithm = setting(config, "multi_agent.algorithm") or "mgrpo"
         relative = algorithm in ("mgrpo", "grpo")
         what = f"multi_agent.algorithm={algorithm}"
     else:
-        estimator = _select(config, "algorithm.adv_estimator")
+        estimator = setting(config, "algorithm.adv_estimator")
         relative = estimator in GROUP_RELATIVE_ESTIMATORS
         what = f"algorithm.adv_estimator={estimator}"
     if relative:
@@ -434,7 +428,7 @@ def check_model_paths(config: DictConfig, ma: Optional[MultiAgentConfig] = None,
     launcher builds next) pass."""
     for leaf, required in (("path", True), ("tokenizer_path", False)):
         key = f"actor_rollout_ref.model.{leaf}"
-        _check_model_location(key, _select(config, key), required, pending)
+        _check_model_location(key, setting(config, key), required, pending)
     for spec in (ma.model_owners if ma is not None else ()):
         model = spec.actor_rollout_ref.get("model")
         if not isinstance(model, Mapping):
@@ -442,7 +436,7 @@ def check_model_paths(config: DictConfig, ma: Optional[MultiAgentConfig] = None,
         for leaf in ("path", "tokenizer_path"):
             if leaf in model:
                 key = f"multi_agent.agents.{spec.name}.actor_rollout_ref.model.{leaf}"
-                _check_model_location(key, _select(config, key), leaf == "path", pending)
+                _check_model_location(key, setting(config, key), leaf == "path", pending)
 
 
 def _schema_class(target: Any) -> Optional[type]:

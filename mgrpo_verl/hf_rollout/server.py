@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from mgrpo_verl.config import setting
 from mgrpo_verl.hf_rollout.adapters import base_fingerprint, tensors_fingerprint
 from mgrpo_verl.hf_rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine, weights_fingerprint
 from mgrpo_verl.hf_rollout.sampling import (
@@ -143,13 +144,6 @@ def cuda_index(gpu_id: str | None, visible: str | None) -> int:
     return ids.index(gpu_id)
 
 
-def _get(cfg: Any, name: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    if isinstance(cfg, dict):
-        return cfg.get(name, default)
-    return getattr(cfg, name, default)
-
 
 class HFRolloutServer:
     """Token-in / token-out generation server (wrap with ``ray.remote``; see :class:`HFReplica`).
@@ -193,7 +187,7 @@ class HFRolloutServer:
         self.device = device
         self.cuda_visible_devices = cuda_visible_devices
 
-        engine_kwargs = _get(self.config, "engine_kwargs", {}) or {}
+        engine_kwargs = setting(self.config, "engine_kwargs", {}) or {}
         opts = dict(engine_kwargs.get(ENGINE_KWARGS_KEY, {}) or {})
         unknown = sorted(set(opts) - _ENGINE_OPTIONS)
         if unknown:
@@ -202,22 +196,22 @@ class HFRolloutServer:
                 f"supported: {sorted(_ENGINE_OPTIONS)}"
             )
         self.opts = opts
-        self.dtype = opts.get("dtype") or _get(self.config, "dtype", "float32")
-        self.logprobs_mode = _get(self.config, "logprobs_mode", None) or "processed_logprobs"
+        self.dtype = opts.get("dtype") or setting(self.config, "dtype", "float32")
+        self.logprobs_mode = setting(self.config, "logprobs_mode", None) or "processed_logprobs"
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
                 f"rollout.logprobs_mode={self.logprobs_mode!r} is not supported by the HF rollout; "
                 f"use one of {LOGPROBS_MODES}"
             )
-        max_num_seqs = int(_get(self.config, "max_num_seqs", 256) or 256)
+        max_num_seqs = int(setting(self.config, "max_num_seqs", 256) or 256)
         self.max_batch_size = max(1, min(int(opts.get("max_batch_size", 256)), max_num_seqs))
         self.batch_wait_s = max(0.0, float(opts.get("batch_wait_ms", 5.0))) / 1000.0
         self.max_batch_wait_s = max(self.batch_wait_s, float(opts.get("max_batch_wait_ms", 30.0)) / 1000.0)
         self._arrivals = 0
-        self.response_length = int(_get(self.config, "response_length", 512))
-        self.prompt_length = int(_get(self.config, "prompt_length", 512))
-        self.full_determinism = bool(_get(self.config, "full_determinism", False))
-        self.seed = int(_get(self.config, "seed", 0)) + int(replica_rank)
+        self.response_length = int(setting(self.config, "response_length", 512))
+        self.prompt_length = int(setting(self.config, "prompt_length", 512))
+        self.full_determinism = bool(setting(self.config, "full_determinism", False))
+        self.seed = int(setting(self.config, "seed", 0)) + int(replica_rank)
 
         self.engine: HFGenerationEngine | None = None
         self.max_model_len: int | None = None
@@ -298,7 +292,7 @@ class HFRolloutServer:
             ),
         )
         max_pos = int(getattr(self.engine.model.config, "max_position_embeddings", 0) or 0)
-        configured = _get(self.config, "max_model_len", None)
+        configured = setting(self.config, "max_model_len", None)
         if configured is None:
             self.max_model_len = max_pos or (self.prompt_length + self.response_length)
         else:

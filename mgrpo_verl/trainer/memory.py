@@ -68,6 +68,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from mgrpo_verl.config import setting
 from mgrpo_verl.config.plan import RunPlan
 from mgrpo_verl.config.rules import ENGINES_WITH_MEMORY_FRACTION
 
@@ -215,16 +216,12 @@ def _bytes(dtype: Any, default: str) -> int:
     return DTYPE_BYTES[name]
 
 
-def _get(config: DictConfig, key: str, default: Any = None) -> Any:
-    value = OmegaConf.select(config, key, default=default, throw_on_missing=False)
-    return default if value is None else value
-
 
 def _tokens(config: DictConfig, section: str, micro_key: str, dynamic_key: str, budget_key: str, seq: int) -> tuple[int, str]:
-    if _get(config, f"{section}.{dynamic_key}", False):
-        budget = int(_get(config, f"{section}.{budget_key}", seq))
+    if setting(config, f"{section}.{dynamic_key}", False):
+        budget = int(setting(config, f"{section}.{budget_key}", seq))
         return max(budget, seq), f"{section}.{budget_key}={budget} tokens (dynamic batch size)"
-    micro = int(_get(config, f"{section}.{micro_key}", 1))
+    micro = int(setting(config, f"{section}.{micro_key}", 1))
     return micro * seq, f"{section}.{micro_key}={micro} x {seq} tokens"
 
 
@@ -242,29 +239,29 @@ def agent_figures(
     arr = "actor_rollout_ref"
     params = count_parameters(hf)
     hidden, layers, vocab = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["vocab_size"])
-    world = int(_get(config, "trainer.n_gpus_per_node", 1))
-    actor = params * _bytes(_get(config, f"{arr}.actor.fsdp_config.model_dtype"), "fp32") / world / GB
-    ref = params * _bytes(_get(config, f"{arr}.ref.fsdp_config.model_dtype"), "fp32") / world / GB if use_reference else 0.0
-    rollout_name = _get(config, f"{arr}.rollout.name", "vllm")
+    world = int(setting(config, "trainer.n_gpus_per_node", 1))
+    actor = params * _bytes(setting(config, f"{arr}.actor.fsdp_config.model_dtype"), "fp32") / world / GB
+    ref = params * _bytes(setting(config, f"{arr}.ref.fsdp_config.model_dtype"), "fp32") / world / GB if use_reference else 0.0
+    rollout_name = setting(config, f"{arr}.rollout.name", "vllm")
     notes = []
     if rollout_name in ENGINES_WITH_MEMORY_FRACTION:
-        fraction = float(_get(config, f"{arr}.rollout.gpu_memory_utilization", 0.5))
+        fraction = float(setting(config, f"{arr}.rollout.gpu_memory_utilization", 0.5))
         engine = fraction * gpu_gb
         notes.append(f"rollout engine {engine:.2f} GB = gpu_memory_utilization {fraction:g} x {gpu_gb:g} GB")
     else:
-        engine = params * _bytes(_get(config, f"{arr}.rollout.dtype"), "bf16") / GB
+        engine = params * _bytes(setting(config, f"{arr}.rollout.dtype"), "bf16") / GB
         notes.append(f"rollout engine {engine:.2f} GB = its copy of the weights ({rollout_name})")
 
-    logit_bytes = _bytes(_get(config, f"{arr}.actor.fsdp_config.mixed_precision.param_dtype"), "bf16")
-    rmpad = bool(_get(config, f"{arr}.model.use_remove_padding", False))
+    logit_bytes = _bytes(setting(config, f"{arr}.actor.fsdp_config.mixed_precision.param_dtype"), "bf16")
+    rmpad = bool(setting(config, f"{arr}.model.use_remove_padding", False))
     copies = 1 if rmpad else 2
-    chunked = bool(_get(config, f"{arr}.actor.entropy_from_logits_with_chunking",
-                        _get(config, f"{arr}.actor.fsdp_config.entropy_from_logits_with_chunking", False)))
+    chunked = bool(setting(config, f"{arr}.actor.entropy_from_logits_with_chunking",
+                        setting(config, f"{arr}.actor.fsdp_config.entropy_from_logits_with_chunking", False)))
     lp_copies = copies if chunked else 3
-    up_entropy = bool(_get(config, f"{arr}.actor.calculate_entropy", False)) or float(_get(config, f"{arr}.actor.entropy_coeff", 0.0)) != 0.0
+    up_entropy = bool(setting(config, f"{arr}.actor.calculate_entropy", False)) or float(setting(config, f"{arr}.actor.entropy_coeff", 0.0)) != 0.0
     up_copies = (copies if chunked or not up_entropy else 3) + 1
-    seq = int(_get(config, f"{arr}.rollout.prompt_length", _get(config, "data.max_prompt_length", 0))) + int(
-        _get(config, f"{arr}.rollout.response_length", _get(config, "data.max_response_length", 0))
+    seq = int(setting(config, f"{arr}.rollout.prompt_length", setting(config, "data.max_prompt_length", 0))) + int(
+        setting(config, f"{arr}.rollout.response_length", setting(config, "data.max_response_length", 0))
     )
 
     def logits(tokens: int, factor: int) -> float:
@@ -281,15 +278,15 @@ def agent_figures(
         f"log-prob logits {logits(lp_tokens, lp_copies):.2f} GB = {lp_how} x vocab {vocab} x {logit_bytes} B x {lp_copies} "
         f"copies ({padding}, entropy {'chunked' if chunked else 'unchunked'})"
     )
-    checkpointing = bool(_get(config, f"{arr}.model.enable_gradient_checkpointing", False))
+    checkpointing = bool(setting(config, f"{arr}.model.enable_gradient_checkpointing", False))
     if checkpointing:
         act = (CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN_LAYER * layers + ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER) * up_tokens * hidden / GB
     else:
         act = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER * layers * up_tokens * hidden / GB
     trained = params  # what gradients and optimizer moments are kept for
-    lora_rank = int(_get(config, f"{arr}.model.lora_rank", 0) or 0)
+    lora_rank = int(setting(config, f"{arr}.model.lora_rank", 0) or 0)
     if lora_rank > 0:
-        targets = _get(config, f"{arr}.model.target_modules", "all-linear")
+        targets = setting(config, f"{arr}.model.target_modules", "all-linear")
         trained = count_lora_parameters(hf, lora_rank, OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets)
         notes.append(f"LoRA rank {lora_rank}: gradients and AdamW states of {trained:,} adapter parameters only; "
                      f"the reference is the actor with its adapter off (no copy)")
@@ -314,9 +311,9 @@ def agent_figures(
         ref_logits=logits(ref_tokens, copies) if use_reference else 0.0,
         update_logits=logits(up_tokens, up_copies) if trainable else 0.0,
         activations=act if trainable else 0.0,
-        param_offload=bool(_get(config, f"{arr}.actor.fsdp_config.param_offload", False)),
-        optimizer_offload=bool(_get(config, f"{arr}.actor.fsdp_config.optimizer_offload", False)),
-        ref_offload=bool(_get(config, f"{arr}.ref.fsdp_config.param_offload", False)),
+        param_offload=bool(setting(config, f"{arr}.actor.fsdp_config.param_offload", False)),
+        optimizer_offload=bool(setting(config, f"{arr}.actor.fsdp_config.optimizer_offload", False)),
+        ref_offload=bool(setting(config, f"{arr}.ref.fsdp_config.param_offload", False)),
         actor_resident_when_frozen=frozen_actor_resident,
         notes=tuple(notes),
     )
