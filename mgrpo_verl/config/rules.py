@@ -132,7 +132,7 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
         raise ValueError(f"multi_agent.agents is empty: at least the main agent {ma.main!r} must be listed")
 
     # the trainer: our mode, one node, a GPU budget the owners fit in
-    # "mgrpo" (the YAML's; main_ppo then sets the role's mode) or the role's own mode, else refused naming the key
+    # "multi_agent" (the YAML's; main_ppo then sets the role's mode) or the role's own mode, else refused naming the key
     trainer_mode(ma.decoupled.role, setting(config, "trainer.v1.trainer_mode"))
     nnodes = OmegaConf.select(config, "trainer.nnodes", default=1, throw_on_missing=False)
     if nnodes != 1:

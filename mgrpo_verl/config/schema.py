@@ -40,7 +40,7 @@ AGENT_NAME_RE = re.compile(r"[A-Za-z0-9_\-]+")
 _A = "multi_agent.agents"
 
 TRAINER_MODES: dict[Optional[str], str] = {
-    None: "mgrpo",  # one process trains every agent: MultiAgentTrainer (trainer/per_agent.py)
+    None: "multi_agent",  # one process trains every agent (M-GRPO or MAGRPO): MultiAgentTrainer (trainer/per_agent.py)
     "main": "mgrpo_decoupled_main",  # DecoupledMainTrainer (trainer/decoupled.py)
     "sub": "mgrpo_decoupled_sub",  # DecoupledSubTrainer (trainer/decoupled.py)
 }
@@ -50,10 +50,13 @@ TRAINER_MODES: dict[Optional[str], str] = {
 def trainer_mode(role: Optional[str], configured: str) -> str:
     """The trainer mode of a multi-agent run whose ``multi_agent.decoupled.role`` is ``role`` and whose
     ``trainer.v1.trainer_mode`` is ``configured``: ``TRAINER_MODES[role]``. Users set only the role, so
-    ``configured`` is ``"mgrpo"`` (the YAML's) or already that mode; any other value contradicts the role
+    ``configured`` is ``"multi_agent"`` (the YAML's) or already that mode; any other value contradicts the role
     (or is one of verl's single-model modes) and raises ``ValueError``."""
     if role not in TRAINER_MODES:
         raise ValueError(f"multi_agent.decoupled.role must be null, 'main' or 'sub', got {role!r}")
+    if configured == "mgrpo":
+        raise ValueError("trainer.v1.trainer_mode=mgrpo was renamed multi_agent (it runs MAGRPO as well as M-GRPO): "
+                         "set trainer.v1.trainer_mode=multi_agent, or leave it at the YAML's value")
     expected = TRAINER_MODES[role]
     if configured not in (TRAINER_MODES[None], expected):
         raise ValueError(
@@ -310,7 +313,7 @@ class MultiAgentConfig(BaseConfig):
     """The ``multi_agent`` section: several agents, each its own model, trained by one trainer."""
 
     enable: bool = False
-    """True runs our per-agent trainer (``trainer.v1.trainer_mode: mgrpo``) instead of verl's single-model
+    """True runs our per-agent trainer (``trainer.v1.trainer_mode: multi_agent``) instead of verl's single-model
     trainer."""
 
     main: str = "main"

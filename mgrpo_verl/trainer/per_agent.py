@@ -1,4 +1,4 @@
-"""``trainer.v1.trainer_mode=mgrpo``: verl's v1 trainer with one model per agent (M-GRPO).
+"""``trainer.v1.trainer_mode=multi_agent``: verl's v1 trainer with one model per agent (M-GRPO, MAGRPO).
 
 The two sides of decoupled M-GRPO subclass it under trainer modes of their own
 (:mod:`mgrpo_verl.trainer.decoupled`); :data:`~mgrpo_verl.config.schema.TRAINER_MODES` maps

@@ -131,7 +131,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam(f"{TRAINER_BASE}:PPOTrainer.__init__", (PER_AGENT,),
          "verl's __init__ assigns self.trainer_mode from the config; MultiAgentTrainer.trainer_mode is a "
          "property that ignores the assignment and always says 'sync' (our trainer is synchronous under its "
-         "own name 'mgrpo')",
+         "own name 'multi_agent')",
          params=("self", "config"), sha256="6f938d77859b66aeeceb03a39bc9a7b5e7b6f50004aa8b1e2508f6e289fa1b93",
          recheck="MultiAgentTrainer.trainer_mode / __init__: the attributes __init__ derives from trainer_mode "
                  "(replay buffer class, parameter_sync_step) must still be the synchronous ones",
@@ -418,7 +418,7 @@ def trainer_mode_readers(seam: Seam) -> None:
         f"PPOTrainer methods reading self.trainer_mode are now {sorted(readers)} (recorded {sorted(expected)}); "
         f"{_where(seam)}. Re-check that 'sync' is what MultiAgentTrainer wants in the new readers.")
     trainer = object.__new__(MultiAgentTrainer)
-    trainer.trainer_mode = "mgrpo"  # what verl's __init__ does with the configured name
+    trainer.trainer_mode = "multi_agent"  # what verl's __init__ does with the configured name
     assert trainer.trainer_mode == "sync"
 
 

@@ -94,7 +94,7 @@ def test_broken_trainer_registration_is_not_an_unknown_trainer(python_runner):
         for attempt in range(2):
             try:
                 from verl.trainer.ppo.v1 import get_trainer_cls
-                get_trainer_cls("mgrpo")
+                get_trainer_cls("multi_agent")
                 errors.append(None)
             except BaseException as e:
                 cause = e.__cause__

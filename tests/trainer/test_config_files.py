@@ -32,7 +32,7 @@ def test_default_task_is_relay_tools():
 
 def test_relay_config_is_multi_agent_relay():
     cfg = _compose("mgrpo_trainer", "task=relay")
-    assert cfg.trainer.v1.trainer_mode == "mgrpo" and multi_agent_enabled(cfg)
+    assert cfg.trainer.v1.trainer_mode == "multi_agent" and multi_agent_enabled(cfg)
     parsed = build_plan(cfg).multi_agent
     assert list(parsed.agents) == ["main", "sub"] and parsed.delegation.sub_agent == "sub"
     assert cfg.mgrpo_verl.task == "relay"
@@ -68,7 +68,7 @@ def test_research_presets_set_the_research_task():
 
     assert "research" not in _compose("mgrpo_trainer", "task=relay").mgrpo_verl.task  # no preset by default
     cfg = _compose("mgrpo_trainer", "task=relay", "research=cpu")
-    assert cfg.mgrpo_verl.task == "research" and cfg.trainer.v1.trainer_mode == "mgrpo"
+    assert cfg.mgrpo_verl.task == "research" and cfg.trainer.v1.trainer_mode == "multi_agent"
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "mgrpo_relay"
     settings = DelegationSettings.from_config(cfg)
     assert settings.scorer is rewards.scorer and settings.sub_prompt is prompts.sub_messages_with_evidence

@@ -18,7 +18,7 @@ def config(**delegation):
         {
             "actor_rollout_ref": {"model": {"path": "models/base"}, "rollout": {"n": 2, "response_length": 32}},
             "algorithm": {"adv_estimator": "grpo"},
-            "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "v1": {"trainer_mode": "mgrpo"}},
+            "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "v1": {"trainer_mode": "multi_agent"}},
             "multi_agent": {
                 "enable": True,
                 "main": "main",

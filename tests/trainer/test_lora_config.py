@@ -20,7 +20,7 @@ def _config(main: dict | None = None, sub: dict | None = None, **top):
     verl_dir = Path(importlib.util.find_spec("verl").origin).parent
     config = OmegaConf.load(verl_dir / "trainer" / "config" / "_generated_ppo_trainer.yaml")
     config.algorithm.adv_estimator = "grpo"
-    config.trainer.v1.trainer_mode = "mgrpo"
+    config.trainer.v1.trainer_mode = "multi_agent"
     config.trainer.n_gpus_per_node = 2
     config.actor_rollout_ref.rollout.name = "hf"
     config.actor_rollout_ref.model.path = "models/base"

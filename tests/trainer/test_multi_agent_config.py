@@ -43,7 +43,7 @@ def base_config(**overrides) -> DictConfig:
         },
         "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False, "rollout_correction": None},
         "reward": {"reward_model": {"enable": False}},
-        "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "v1": {"trainer_mode": "mgrpo"}},
+        "trainer": {"nnodes": 1, "n_gpus_per_node": 2, "v1": {"trainer_mode": "multi_agent"}},
         "multi_agent": {
             "enable": True,
             "main": "main",
@@ -423,7 +423,7 @@ def _verl_config() -> DictConfig:
     path = verl_dir / "trainer" / "config" / "_generated_ppo_trainer.yaml"
     config = OmegaConf.load(path)
     config.algorithm.adv_estimator = "grpo"  # verl's default (gae) needs a critic
-    config.trainer.v1.trainer_mode = "mgrpo"
+    config.trainer.v1.trainer_mode = "multi_agent"
     config.trainer.n_gpus_per_node = 2
     config.multi_agent = {
         "enable": True,
@@ -685,8 +685,8 @@ def test_node_resource_pins_an_agent():
 
 def test_trainer_mode_is_mgrpo_or_the_roles_own():
     """main_ppo sets trainer.v1.trainer_mode from the role before Ray; the trainer parses the config again with
-    that mode, so both "mgrpo" and the role's mode pass, and another role's mode is refused."""
-    for mode in ("mgrpo", "mgrpo_decoupled_sub"):
+    that mode, so both "multi_agent" and the role's mode pass, and another role's mode is refused."""
+    for mode in ("multi_agent", "mgrpo_decoupled_sub"):
         config = side("sub")
         config.trainer.v1.trainer_mode = mode
         assert build_plan(config).multi_agent.decoupled.role == "sub"

@@ -72,9 +72,9 @@ def test_the_plan_is_pure_and_describes_the_run(tmp_path):
     assert plan.agent_configs["sub"].actor_rollout_ref.model.path == config.multi_agent.agents.sub.actor_rollout_ref.model.path
     assert plan.agent_configs["main"].actor_rollout_ref.model.path == config.actor_rollout_ref.model.path
     assert plan.agent_configs["sub"].trainer.n_gpus_per_node == 1
-    assert plan.trainer_mode == "mgrpo"
+    assert plan.trainer_mode == "multi_agent"
     line = plan.describe()
-    assert line.startswith("mgrpo plan: trainer mode mgrpo, algorithm mgrpo, placement separate, models main (main: ")
+    assert line.startswith("mgrpo plan: trainer mode multi_agent, algorithm mgrpo, placement separate, models main (main: ")
     assert "sub (sub, frozen: " in line
 
 

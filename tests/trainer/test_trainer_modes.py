@@ -79,7 +79,7 @@ def run(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("role", [None, "main", "sub"])
 def test_role_picks_the_registered_class(role):
-    mode = trainer_mode(role, "mgrpo")
+    mode = trainer_mode(role, "multi_agent")
     assert mode == TRAINER_MODES[role]
     assert trainer_mode(role, mode) == mode  # the role's own mode, set explicitly, is kept
     cls = get_trainer_cls(mode)
@@ -104,8 +104,8 @@ def test_the_plugin_registers_every_mode_in_a_fresh_process(first):
 
 @pytest.mark.parametrize("role", [None, "main", "sub"])
 def test_a_mode_that_contradicts_the_role_is_refused(role):
-    """Accepted: "mgrpo" (the YAML's: the role picks) and the role's own mode; any other is refused."""
-    for other in [m for m in TRAINER_MODES.values() if m not in ("mgrpo", TRAINER_MODES[role])] + ["sync"]:
+    """Accepted: "multi_agent" (the YAML's: the role picks) and the role's own mode; any other is refused."""
+    for other in [m for m in TRAINER_MODES.values() if m not in ("multi_agent", TRAINER_MODES[role])] + ["sync"]:
         with pytest.raises(ValueError, match=rf"trainer.v1.trainer_mode='{other}' contradicts multi_agent.decoupled.role"):
             trainer_mode(role, other)
 
@@ -132,3 +132,9 @@ def test_a_trainer_class_refuses_a_role_it_does_not_run(tmp_path, cls, role):
     config = _compose(*_side(role, tmp_path), tmp_path=tmp_path)
     with pytest.raises(ValueError, match=rf"runs multi_agent.decoupled.role={cls.ROLE!r}, but the role is {role!r}"):
         cls(config)
+
+
+def test_the_old_name_of_the_mode_is_refused_with_its_new_name():
+    """``mgrpo`` was the synchronous mode's name until it was renamed (it runs MAGRPO too)."""
+    with pytest.raises(ValueError, match="trainer.v1.trainer_mode=mgrpo was renamed multi_agent"):
+        trainer_mode(None, "mgrpo")
