@@ -93,10 +93,7 @@ def main_ppo_overrides(model_dir: str, tokenizer_dir: str, train: str, val: str)
 
 
 def test_main_ppo_two_grpo_steps_on_cpu(tmp_path, monkeypatch):
-    rollout = pytest.importorskip("mgrpo_verl.hf_rollout")
-    tiny = pytest.importorskip("mgrpo_verl.models.tiny")
-    if not hasattr(rollout, "register") or not hasattr(tiny, "build_tiny_model"):
-        pytest.skip("CPU rollout replica or tiny-model builder not available")
+    from mgrpo_verl.models import tiny
     from mgrpo_verl.platform.ray_session import private_temp_dir, ray_cpu_env
 
     monkeypatch.setenv("MGRPO_VERL_CACHE", str(tmp_path / "cache"))
