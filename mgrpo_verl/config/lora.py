@@ -96,7 +96,7 @@ _ENGINE_KEYS = (
 
 def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
     """The LoRA rules of multi-agent mode, before Ray starts; ``ValueError`` naming the key. Called by
-    :func:`~mgrpo_verl.config.rules.parse_multi_agent` after the GPU shares are resolved, with
+    :func:`~mgrpo_verl.config.rules.check_multi_agent` after the GPU shares are resolved, with
     every model owner's full config (``fulls``: name -> ``agent_full_config``)."""
     for spec in ma.model_owners:
         full = fulls[spec.name]

@@ -1,9 +1,9 @@
 """The ``multi_agent`` section checked against the rest of the trainer config, and per-agent configs.
 
 The section's schema, defaults and per-field documentation are :mod:`mgrpo_verl.config.schema`, once.
-Here: :func:`parse_multi_agent` (the section, then every rule that needs the rest of the config, in one
-function), :func:`agent_full_config` (the config one model owner's workers get) and the fail-fast checks
-``main_ppo`` runs before Ray starts (``rollout.n``, model paths, the keys of per-agent overrides).
+Here: :func:`check_multi_agent` (the section, then every rule that needs the rest of the config, in one
+function; :func:`mgrpo_verl.config.plan.build_plan` calls it), :func:`agent_full_config` (the config one model
+owner's workers get) and the config checks the launcher's pre-flight runs (``rollout.n``, model paths).
 
 Multi-agent mode does not support some verl features (each refused with its own message): a critic,
 ``algorithm.use_kl_in_reward``, an active ``algorithm.rollout_correction``, a reward model, distillation,

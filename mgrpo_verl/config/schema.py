@@ -5,7 +5,7 @@ Dataclasses in verl's :class:`~verl.base_config.BaseConfig` style, built from th
 refuses unknown keys, each class's ``__post_init__`` checks its own values and the rules *within* the
 section (agent names, ``share_model_with``, the delegation target, the decoupled roles and URLs).
 Rules that need the rest of the trainer config (GPU budget, ``rollout.n``, mini-batches, verl features
-we do not support) are one function, :func:`mgrpo_verl.config.rules.parse_multi_agent`.
+we do not support) are one function, :func:`mgrpo_verl.config.rules.check_multi_agent`.
 
 Differs from verl's own sections: the section lives under our own key (verl's typed sections refuse
 unknown keys), and a ``null`` value anywhere in it means "the default" (a YAML lists every key so that
