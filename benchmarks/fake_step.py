@@ -34,6 +34,7 @@ from mgrpo_verl.algorithms.alignment import plan_resolved_alignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.trainer.agents import AgentRuntime
 from mgrpo_verl.trainer.per_agent import MultiAgentTrainer
+from mgrpo_verl.config.schema import load_multi_agent
 from mgrpo_verl.rowmeta import ROW_META
 from mgrpo_verl.trainer.rows import build_row_table, plan_update_sets, scalar_advantages, write_row_values
 
@@ -179,6 +180,7 @@ def make_trainer(groups: dict[str, FakeWorkerGroup], *, shared_pool: bool = Fals
     resource pool unless ``shared_pool``."""
     trainer = object.__new__(MultiAgentTrainer)  # no __init__: nothing of Ray or the dataloader
     trainer.config = agent_config(4, concurrent_updates)
+    trainer.multi_agent = load_multi_agent(trainer.config)  # the section as _setup's plan types it
     trainer.agents = {}
     pools, shared = {}, object()
     for i, (name, wg) in enumerate(groups.items()):
