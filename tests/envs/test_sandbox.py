@@ -1,4 +1,4 @@
-"""The sandbox for model-written code (mgrpo_verl/envs/sandbox.py), attacked by real hostile programs.
+"""The sandbox for model-written code (mgrpo_verl/envs/sandbox/), attacked by real hostile programs.
 
 Runs as whoever runs pytest: as root the child drops to a fresh uid, otherwise it keeps ours; the
 assertions hold either way (the guard catches what the kernel would, and the other way round).
@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from mgrpo_verl.envs import sandbox
+from mgrpo_verl.envs.sandbox import codec, process
 from mgrpo_verl.envs.sandbox import VIOLATION_EXIT, SandboxLimits, SandboxResult, run_python
 
 FAST = SandboxLimits(cpu_s=1, wall_s=3)
@@ -396,7 +397,7 @@ def test_the_guard_also_holds_in_atexit_handlers(precious):
 
 def test_a_broken_setup_raises_instead_of_scoring(monkeypatch):
     # an infrastructure failure in the child must not pass for the program's error (every reward 0)
-    monkeypatch.setattr(sandbox, "MAX_PRELOADS", "many")
+    monkeypatch.setattr(process, "MAX_PRELOADS", "many")
     with pytest.raises(RuntimeError, match="could not be set up: TypeError: slice indices"):
         run_python("print(1)")
 
@@ -577,12 +578,12 @@ def test_a_candidate_that_never_answers_times_out():
 
 def test_plain_codec_round_trip_and_refusals():
     value = (None, True, 1, -2**100, 1.5, float("inf"), "é\ud800", b"\x00\xff", [1, [2]], {(1, "a"): {3}}, frozenset({1}))
-    data = sandbox._plain_dumps(value, 10**6, 8, 1000)
-    back = sandbox._plain_loads(data, 10**6, 8, 1000)
+    data = codec.plain_dumps(value, 10**6, 8, 1000)
+    back = codec.plain_loads(data, 10**6, 8, 1000)
     assert back == value and type(back[9]) is dict and type(back[10]) is frozenset
     for bad in (object(), [1] * 1001, [[[[[[[[[[1]]]]]]]]]], type("I", (int,), {})(1)):
         with pytest.raises((TypeError, ValueError)):
-            sandbox._plain_dumps(bad, 10**6, 8, 1000)
+            codec.plain_dumps(bad, 10**6, 8, 1000)
     for bad in (b"[1]", b'{"x": []}', b'{"s": [{"l": []}]}', b"[" * 100_000, b'{"l": 1}', "x"):
         with pytest.raises((TypeError, ValueError)):
-            sandbox._plain_loads(bad, 10**6, 8, 1000)
+            codec.plain_loads(bad, 10**6, 8, 1000)
