@@ -27,7 +27,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
-from mgrpo_verl.agent_loops import tool_delegation
+from mgrpo_verl.agent_loops import tool_delegation, tool_parser
 from mgrpo_verl.agent_loops.common import DelegationSettings
 from mgrpo_verl.agent_loops.testing import build_agent_loop
 
@@ -136,7 +136,7 @@ def main_config(response_length=512, agents=None, max_parallel_calls=2, max_assi
                         "max_parallel_calls": max_parallel_calls,
                         "max_tool_response_length": 256,
                         "tool_response_truncate_side": "right",
-                        "format": "hermes",
+                        "format": tool_parser.FORMAT,
                     },
                 },
             },
@@ -419,15 +419,15 @@ def test_bad_calls_become_error_observations(tokenizer, first_turn, error):
 def test_the_parser_never_raises_on_deep_json(tokenizer, depth):
     # json.loads raised RecursionError out of the parser on JSON nested 1,000 deep
     deep = "[" * depth + "]" * depth
-    assert tool_delegation._parse_call(deep, "</tool_call>").error == (
+    assert tool_parser.parse_call(deep, "</tool_call>").error == (
         "<error: malformed tool call: JSON the decoder cannot read (RecursionError)>"
     )
     nested = '{"name": "f", "arguments": {"a": ' + deep + "}}"
-    assert tool_delegation._parse_call(nested, "</tool_call>").error.startswith("<error: malformed tool call: JSON")
-    assert tool_delegation._parse_call('{"name": "f", "arguments": ' + "9" * 5000 + "}", "x").error.startswith(
+    assert tool_parser.parse_call(nested, "</tool_call>").error.startswith("<error: malformed tool call: JSON")
+    assert tool_parser.parse_call('{"name": "f", "arguments": ' + "9" * 5000 + "}", "x").error.startswith(
         "<error: malformed tool call: JSON the decoder cannot read (ValueError)"  # over int_max_str_digits
     )
-    parser = tool_delegation.StrictHermesToolParser(tokenizer)
+    parser = tool_parser.StrictHermesToolParser(tokenizer)
     text = f"<tool_call>{deep}</tool_call>" + ask("A")
     _, calls = asyncio.run(parser.extract_tool_calls(tokenizer.encode(text, add_special_tokens=False)))
     assert [(c.name, c.error is None) for c in calls] == [("", False), ("ask_sub", True)]
@@ -530,7 +530,7 @@ def test_context_overflow_replaces_the_tool_response_with_an_error(tokenizer):
 
 
 def test_strict_parser_keeps_good_calls_beside_bad_ones(tokenizer):
-    parser = tool_delegation.StrictHermesToolParser(tokenizer)
+    parser = tool_parser.StrictHermesToolParser(tokenizer)
     text = "hi " + ask("A") + '<tool_call>{"name": 1}</tool_call>' + ask("B") + END
     content, calls = asyncio.run(parser.extract_tool_calls(tokenizer.encode(text, add_special_tokens=False)))
     assert content == "hi " + END
@@ -538,6 +538,19 @@ def test_strict_parser_keeps_good_calls_beside_bad_ones(tokenizer):
         ("ask_sub", {"task": "A"}, True), ("", {}, False), ("ask_sub", {"task": "B"}, True)
     ]  # fmt: skip
     assert asyncio.run(parser.extract_tool_calls(tokenizer.encode("plain", add_special_tokens=False))) == ("plain", [])
+
+
+def test_the_strict_parser_is_chosen_by_verls_format_setting(tokenizer):
+    # registered in verl's ToolParser registry (on import of verl's parser module: plugin.py), and picked by
+    # verl's own ToolAgentLoop.__init__ from multi_turn.format; "hermes" keeps verl's parser (not swapped)
+    from verl.experimental.agent_loop.tool_parser import HermesToolParser, ToolParser
+
+    assert type(ToolParser.get_tool_parser("hermes_strict", tokenizer)) is tool_parser.StrictHermesToolParser
+    main = FakeManager(tokenizer, [], {"sub": FakeAgent(tokenizer)})
+    assert type(build(main, tokenizer, main_config()).tool_parser) is tool_parser.StrictHermesToolParser
+    config = main_config()
+    config.actor_rollout_ref.rollout.multi_turn.format = "hermes"
+    assert type(build(main, tokenizer, config).tool_parser) is HermesToolParser
 
 
 # ----------------------------------------------------------------------------------------------------
