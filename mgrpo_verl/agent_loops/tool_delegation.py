@@ -39,7 +39,7 @@ from verl.utils import hf_tokenizer
 from verl.utils.import_utils import resolve_config_path
 from verl.workers.rollout.replica import TokenOutput
 
-from mgrpo_verl.agent_loops.tool_parser import CALL_BLOCK, FORMAT, ToolCall
+from mgrpo_verl.agent_loops.tool_parser import CALL_BLOCK, FORMAT, MAX_CALL_CHARS, ToolCall
 from mgrpo_verl.agent_loops.tool_parser import error_text as _error
 from mgrpo_verl.envs import relay
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
@@ -75,6 +75,25 @@ class _SubToolLoop(ToolAgentLoop):
         if state is not None:
             state.tool_uses[tool_call.name] += 1
         return await super()._call_tool(tool_call, tools_kwargs, agent_data)
+
+
+def _decode_arguments(tool_call: FunctionCall) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """``(arguments, None)`` when the call's ``arguments`` are a JSON object, else ``(None, error text)``. Never
+    raises on model output: a string over :data:`~mgrpo_verl.agent_loops.tool_parser.MAX_CALL_CHARS` is refused
+    before decoding; JSON nested too deeply (``RecursionError``) or an int over Python's digit limit
+    (``ValueError``) is an error like any invalid JSON."""
+    name, text = tool_call.name, tool_call.arguments
+    if not isinstance(text, str) or len(text) > MAX_CALL_CHARS:
+        size = f"{len(text)} characters" if isinstance(text, str) else type(text).__name__
+        limit = f"a JSON object of at most {MAX_CALL_CHARS} characters"
+        return None, _error(f"arguments of {name} must be {limit}, got {size}")
+    try:
+        arguments = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as exc:  # JSONDecodeError is a ValueError
+        return None, _error(f"arguments of {name} are not valid JSON: {type(exc).__name__}: {str(exc)[:200]}")
+    if not isinstance(arguments, dict):
+        return None, _error(f"arguments of {name} must be a JSON object, got {text[:200]}")
+    return arguments, None
 
 
 def _strip_calls(text: str) -> str:
@@ -305,8 +324,10 @@ class ToolDelegationLoop(ToolAgentLoop):
         parser = self.rollout_config.multi_turn.format
         if parser != FORMAT and parser not in _WARNED_FORMATS:
             _WARNED_FORMATS.add(parser)
-            logger.warning("%s: multi_turn.format is %r, not %r: tool calls its parser cannot read are dropped "
-                           "(verl's parsers), not answered nor counted in tool/parse_errors", AGENT_LOOP_NAME, parser, FORMAT)
+            logger.warning(
+                "%s: multi_turn.format is %r, not %r: tool calls its parser cannot read are dropped (verl's parsers), "
+                "not answered nor counted in tool/parse_errors", AGENT_LOOP_NAME, parser, FORMAT,
+            )
         # every call of a turn is answered; those beyond verl's per-turn cap get an error (see _handle_generating_state)
         self.turn_call_limit = self.max_parallel_calls
         self.max_parallel_calls = sys.maxsize
@@ -372,12 +393,9 @@ class ToolDelegationLoop(ToolAgentLoop):
         if tool is None:
             available = ", ".join(active) or "none"
             return state.fail(_error(f"unknown tool {tool_call.name!r}; available tools: {available}"))
-        try:
-            arguments = json.loads(tool_call.arguments)
-        except (json.JSONDecodeError, TypeError) as exc:
-            return state.fail(_error(f"arguments of {tool_call.name} are not valid JSON: {exc}"))
-        if not isinstance(arguments, dict):
-            return state.fail(_error(f"arguments of {tool_call.name} must be a JSON object, got {tool_call.arguments}"))
+        arguments, error = _decode_arguments(tool_call)
+        if error:
+            return state.fail(error)
         if isinstance(tool, _DelegationTool):
             return await self._delegate(state, state.subs[tool.agent], tool.name, arguments)
         state.tool_uses[tool_call.name] += 1

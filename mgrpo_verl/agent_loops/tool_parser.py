@@ -19,6 +19,10 @@ from verl.utils.ray_utils import get_event_loop
 #: ``multi_turn.format`` of :class:`StrictHermesToolParser`.
 FORMAT = "hermes_strict"
 
+#: The longest call (the text between ``<tool_call>`` and ``</tool_call>``) and the longest ``arguments`` string
+#: read, in characters; longer ones are errors before any JSON decoding or tool work (docs/agent_loops.md).
+MAX_CALL_CHARS = 16_384
+
 #: ``<tool_call>...</tool_call>`` blocks, and a trailing unclosed ``<tool_call>...`` (group 2 empty).
 CALL_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 
@@ -37,9 +41,11 @@ class ToolCall(FunctionCall):
 @ToolParser.register(FORMAT)
 class StrictHermesToolParser(HermesToolParser):
     """verl's ``hermes`` format, but a call that cannot be read is kept as a :class:`ToolCall` with ``error``
-    set: JSON that does not parse, not an object with a non-empty string ``name``, or a ``<tool_call>``
-    without ``</tool_call>``. ``arguments`` may be an object (serialised to JSON) or a JSON string (kept as
-    is); the loop checks that they decode to an object."""
+    set: JSON that does not parse, not an object with a non-empty string ``name``, a ``<tool_call>`` without
+    ``</tool_call>``, a call over :data:`MAX_CALL_CHARS`, or ``arguments`` written as a JSON string that the
+    decoder cannot read without raising something else than a syntax error (verl decodes them as soon as the
+    parser returns, where only syntax errors are caught). ``arguments`` may be an object (serialised to JSON)
+    or a JSON string (kept as is); the loop checks that they decode to an object."""
 
     async def extract_tool_calls(self, responses_ids: list[int], tools: Any = None) -> tuple[str, list[FunctionCall]]:
         text = await get_event_loop().run_in_executor(None, self.tokenizer.decode, responses_ids)
@@ -58,6 +64,8 @@ def parse_call(body: str, closed: str) -> ToolCall:
     the decoder or the encoder, huge numbers: a malformed call, like verl's parser, which catches all)."""
     if not closed:
         return _malformed("<tool_call> is not closed by </tool_call>")
+    if len(body) > MAX_CALL_CHARS:
+        return _malformed(f"{len(body)} characters, more than {MAX_CALL_CHARS}")
     try:
         call = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -67,8 +75,16 @@ def parse_call(body: str, closed: str) -> ToolCall:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
         return _malformed('expected {"name": <tool name>, "arguments": {...}}')
     arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # a JSON string: verl decodes it right after parsing (the assistant message)
+        try:
+            json.loads(arguments)
+        except json.JSONDecodeError:
+            pass  # kept: the loop answers "not valid JSON", verl's message builder keeps it raw
+        except (RecursionError, MemoryError, ValueError) as exc:  # e.g. nested 1,500 deep; an int of 5,000 digits
+            return _malformed(f"arguments the decoder cannot read ({type(exc).__name__})")
+        return ToolCall(name=call["name"], arguments=arguments)
     try:
-        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        arguments = json.dumps(arguments, ensure_ascii=False)
     except (RecursionError, MemoryError, ValueError) as exc:
         return _malformed(f"arguments the encoder cannot write ({type(exc).__name__})")
     return ToolCall(name=call["name"], arguments=arguments)
