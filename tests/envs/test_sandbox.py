@@ -12,6 +12,7 @@ import pathlib
 import resource
 import shutil
 import signal
+import stat
 import tempfile
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -497,6 +498,75 @@ def test_what_a_fresh_uid_left_in_shared_directories_is_removed(open_dir):
         os.chown(path, uid, uid)
     assert sandbox.remove_owned(uid, (str(open_dir),)) == 3
     assert [p.name for p in open_dir.iterdir()] == ["mine.txt"]
+
+
+#: A program that leaves a directory tree 1,200 levels deep ("d/d/.../d": 2,400 characters, under PATH_MAX).
+DEEP_TREE = "import os\np = 'd'\nfor _ in range(1200):\n    os.mkdir(p)\n    p += '/d'\n"
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def sandbox_dirs(monkeypatch):
+    """The directories the sandbox creates during a test (recorded where Child.start makes them)."""
+    made = []
+
+    def mkdtemp(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(process.tempfile, "mkdtemp", mkdtemp)
+    return made
+
+
+def test_cleanup_of_a_deep_tree_never_raises_nor_leaks(sandbox_dirs):
+    # issue 29 item 6: shutil.rmtree recursed through the tree and raised RecursionError out of cleanup:
+    # run_python / run_judged raised, both sandbox directories stayed in the temporary directory, and
+    # run_judged never closed the judge's 4 descriptors (its cleanup did not run); ~5,000 such programs
+    # exhaust the scorer's descriptors. Three rounds: nothing accumulates.
+    before = open_fds()
+    for _ in range(3):
+        result = run_python(DEEP_TREE + "print('made')\n", SandboxLimits(cpu_s=2, wall_s=10))
+        assert result.stdout == "made\n", result
+        judged = sandbox.run_judged(
+            "__sandbox_report__(__sandbox_call__((2, 3), {}))", DEEP_TREE + "def f(a, b):\n    return a + b\n", "f",
+            SandboxLimits(cpu_s=2, wall_s=10),
+        )
+        assert (judged.report, judged.candidate.status, judged.judge.status) == (5, "ok", "ok"), judged
+    assert open_fds() == before
+    assert len(sandbox_dirs) == 9 and not any(os.path.lexists(d) for d in sandbox_dirs)
+
+
+def test_remove_tree_goes_any_depth_and_never_follows_links(tmp_path):
+    # 3,000 levels: deeper than PATH_MAX allows by path (6,000 characters) and than rmtree's recursion
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    top = tmp_path / "tree"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):
+        os.mkdir("d", dir_fd=fd)
+        os.symlink(str(outside), "link", dir_fd=fd)  # to a directory outside: removed, never entered
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    with open(os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd), "w") as f:
+        f.write("x")
+    os.mkdir("locked", mode=0, dir_fd=fd)  # unreadable (as our uid when not root)
+    os.mknod("fifo", 0o600 | stat.S_IFIFO, dir_fd=fd)
+    os.close(fd)
+    before = open_fds()
+    assert process.remove_tree(str(top)) is True
+    assert not top.exists() and (outside / "keep.txt").read_text() == "keep"
+    assert open_fds() == before
+    assert process.remove_tree(str(top)) is True  # already gone
+    single = tmp_path / "file.txt"
+    single.write_text("x")
+    assert process.remove_tree(str(single)) is True and not single.exists()
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -138,8 +138,10 @@ def run_judged(judge: str, candidate: str, function: str, limits: SandboxLimits 
             judge_result = dataclasses.replace(judge_result, status="error", stderr=judge_result.stderr + state["judge_broken"])
         return JudgedRun(judge_result, candidate_result, state["report"], state["calls"], state["protocol"])
     finally:
-        cand.cleanup()
-        jud.cleanup()
+        try:
+            cand.cleanup()
+        finally:
+            jud.cleanup()
 
 
 def _decode_message(frame: bytes) -> tuple | None:

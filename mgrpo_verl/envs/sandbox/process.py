@@ -5,12 +5,12 @@ and relay buffers), :func:`run_python`, and the clean-up of what a run leaves. T
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pwd
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 
 from mgrpo_verl.envs.sandbox.codec import MAX_CALLS, MAX_DEPTH, MAX_ITEMS, MAX_MESSAGE_BYTES
+
+logger = logging.getLogger(__name__)
 
 #: The child's program and the codec it loads (run and read by path; see ``_child.py``).
 CHILD_PATH = os.path.join(os.path.dirname(os.path.realpath(__file__)), "_child.py")
@@ -376,18 +378,31 @@ class Child:
         )
 
     def cleanup(self) -> None:
-        if self.proc is not None:
-            if self.proc.returncode is None:
+        """Kill the child if it still runs, close our descriptors, remove its directory (and, in root runs,
+        what its uid left in the shared temporary directories). Never raises: whatever the program left
+        (a tree 1,200 levels deep, unreadable directories) is removed or, if that fails, logged."""
+        try:
+            if self.proc is not None and self.proc.returncode is None:
                 _kill_group(self.proc)
-            self.proc.stdout.close()
-            self.proc.stderr.close()
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.ids is not None and self.ids[0] >= SANDBOX_ID_BASE:
-            remove_owned(self.ids[0])
+        except Exception:  # logged; the descriptors and the directory go regardless
+            logger.exception("could not kill the sandboxed process group %s", self.proc.pid)
+        finally:
+            streams = (self.proc.stdout, self.proc.stderr) if self.proc is not None else ()
+            for stream in streams:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+            for fd in self.fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.fds = []
+            if self.workdir is not None and not remove_tree(self.workdir):
+                logger.warning("could not remove the sandbox directory %s", self.workdir)
+            if self.ids is not None and self.ids[0] >= SANDBOX_ID_BASE:
+                remove_owned(self.ids[0])
 
 
 #: World-writable directories where a sandboxed uid could create entries (swept after root runs).
@@ -408,14 +423,100 @@ def remove_owned(uid: int, directories: tuple[str, ...] = SHARED_WRITABLE_DIRS) 
             try:
                 if entry.stat(follow_symlinks=False).st_uid != uid:
                     continue
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-                removed += 1
             except OSError:
                 continue
+            removed += remove_tree(entry.path)
     return removed
+
+
+#: How :func:`remove_tree` opens a directory: never through a symbolic link.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: str) -> bool:
+    """Remove ``path`` and everything below it, never following a symbolic link; True when it is gone.
+
+    What differs from ``shutil.rmtree``, which recursed (``RecursionError`` on a tree ~1,000 levels deep,
+    raised through ``ignore_errors``) and gave up on unreadable directories: iterative at any depth,
+    working through descriptors (paths deeper than ``PATH_MAX`` are fine), at most two descriptors open at
+    a time, unreadable directories made readable first (our uid owns them when we are not root), and it
+    never raises. Only for trees no process changes meanwhile (the sandbox's processes are dead): it
+    climbs back with ``..``."""
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return True
+    except OSError:  # a file or a link, or a directory we cannot open
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return not os.path.lexists(path)
+    names: list[str] = []  # the directories from path down to fd's
+    todo = [_clear(fd)]  # per level: the subdirectories still to empty and remove
+    try:
+        while True:
+            if todo[-1]:
+                name = todo[-1].pop()
+                try:
+                    child = _open_dir(name, fd)
+                except OSError:
+                    continue
+                os.close(fd)
+                fd = child
+                names.append(name)
+                todo.append(_clear(fd))
+                continue
+            todo.pop()
+            if not names:
+                break
+            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            try:
+                os.rmdir(names.pop(), dir_fd=fd)
+            except OSError:
+                pass
+    except OSError:  # cannot climb back: what is left stays (the caller logs it)
+        pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+    return not os.path.lexists(path)
+
+
+def _clear(fd: int) -> list[str]:
+    """Remove the entries of the directory ``fd`` that are not directories, and its empty subdirectories;
+    return the names of the other subdirectories (empty when it cannot be listed)."""
+    try:
+        entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in os.scandir(fd)]
+    except OSError:
+        return []
+    left = []
+    for name, is_dir in entries:
+        try:
+            if not is_dir:
+                os.unlink(name, dir_fd=fd)
+            else:
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError:
+                    left.append(name)
+        except OSError:
+            pass
+    return left
+
+
+def _open_dir(name: str, parent: int) -> int:
+    """A descriptor of the subdirectory ``name`` of ``parent``; an unreadable one is made readable first."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=parent)  # a directory (not a link: _clear saw it without following)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
