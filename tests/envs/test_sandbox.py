@@ -290,10 +290,10 @@ def test_writing_outside_the_sandbox_is_refused(open_dir, attack, event):
         ("import pathlib\nprint(pathlib.Path('{p}').read_text())", "open"),
         ("print(os.listdir('/'))", "os.listdir"),
         ("print(list(os.scandir(os.path.dirname('{p}'))))", "os.scandir"),
-        # relative to a directory descriptor the guard cannot see: '..' is refused
+        # relative to a directory descriptor the guard cannot see: os.open refuses dir_fd (its stub)
         ("fd = os.open('.', os.O_RDONLY)\n"
          "print(os.read(os.open('../' * 30 + 'etc/passwd', os.O_RDONLY, dir_fd=fd), 9))",
-         "open"),
+         "os.open: a dir_fd"),
     ],
 )
 def test_reading_outside_the_sandbox_is_refused(precious, attack, event):
@@ -500,6 +500,79 @@ def test_what_a_fresh_uid_left_in_shared_directories_is_removed(open_dir):
     assert [p.name for p in open_dir.iterdir()] == ["mine.txt"]
 
 
+# ----------------------------------------------------------------------------------------------------
+# disk use and unaudited reads (issue 29 item 7): each attack ran to the end before
+
+
+@pytest.mark.parametrize(
+    "attack, violation",
+    [
+        # blocks without writing: 128 x 16 MiB took 2 GiB in 0.009 CPU-s; 8 are enough to pass 64 MiB
+        ("for i in range(8):\n    os.posix_fallocate(open(f'f{i}', 'wb').fileno(), 0, 16 * 2**20)",
+         "sandbox.os.posix_fallocate"),
+        # inodes: 20,000 empty files took 0.9 s; the guard stops the 257th
+        ("for i in range(20_000):\n    open(f'e{i}', 'w').close()", "open: more than 256 files created in the sandbox"),
+        ("for i in range(20_000):\n    os.mkdir(f'd{i}')", "os.mkdir: more than 256 files created in the sandbox"),
+        # bytes: 48 files of 2 MiB (each under RLIMIT_FSIZE, 48 under max_files) = 96 MiB > max_disk_bytes:
+        # the parent's disk monitor (every 50 ms and at exit)
+        ("for i in range(48):\n    open(f'w{i}', 'wb').write(b'x' * 2**21)", "disk: more than 67108864 bytes"),
+        # a tree deeper than the monitor walks (64 levels)
+        ("p = 'd'\nfor i in range(100):\n    os.mkdir(p)\n    p += '/d'", "disk: a directory tree deeper than 64 levels"),
+    ],
+    ids=["fallocate", "empty_files", "directories", "bytes", "depth"],
+)
+def test_disk_use_is_bounded(sandbox_dirs, attack, violation):
+    result = run(f"import os\n{attack}\nprint('done')", SandboxLimits(cpu_s=2, wall_s=10))
+    assert result.status == "violation" and result.violation.startswith(violation), result
+    if not violation.startswith("disk:"):  # the guard stops the program; the monitor may find it after exit
+        assert result.returncode == VIOLATION_EXIT and "done" not in result.stdout
+    assert not any(os.path.lexists(d) for d in sandbox_dirs)
+
+
+@pytest.mark.parametrize(
+    "attack, violation",
+    [
+        ("import pwd\nprint(len(pwd.getpwall()))", "import: forbidden module 'pwd'"),  # libc reads /etc/passwd
+        ("import grp\nprint(len(grp.getgrall()))", "import: forbidden module 'grp'"),
+        ("print(os.path.expanduser('~root'))", "import: forbidden module 'pwd'"),
+        ("print(os.access('/etc/shadow', os.R_OK))", "os.access: outside the sandbox: '/etc/shadow'"),
+        ("print(os.statvfs('/').f_bfree)", "os.statvfs: outside the sandbox: '/'"),
+        ("print(os.pathconf('/etc', 'PC_NAME_MAX'))", "os.pathconf: outside the sandbox: '/etc'"),
+        ("print(os.readlink('/proc/self/exe'))", "os.readlink: outside the sandbox: '/proc/self/exe'"),
+        # a directory descriptor (e.g. of a standard-library directory): relative paths would be checked as
+        # the sandbox's; refused whatever the directory
+        ("print(os.open('os.py', os.O_RDONLY, dir_fd=os.open('.', os.O_RDONLY)))", "os.open: a dir_fd argument"),
+        ("print(os.access('os.py', os.R_OK, dir_fd=os.open('.', os.O_RDONLY)))", "os.access: a dir_fd argument"),
+        ("print(os.readlink('x', dir_fd=os.open('.', os.O_RDONLY)))", "os.readlink: a dir_fd argument"),
+    ],
+    ids=["getpwall", "getgrall", "expanduser", "access", "statvfs", "pathconf", "readlink", "open_dir_fd", "access_dir_fd",
+         "readlink_dir_fd"],
+)
+def test_unaudited_reads_outside_are_violations(attack, violation):
+    result = run(f"import os\n{attack}\nprint('read')")
+    assert result.status == "violation" and result.violation.startswith(violation) and "read" not in result.stdout, result
+
+
+def test_what_the_new_stubs_allow_still_works():
+    result = run(
+        """
+        import os, shutil, tempfile
+        fd, name = tempfile.mkstemp()  # os.open with an absolute path inside the sandbox, O_CREAT: counted
+        os.write(fd, b"abc")
+        os.close(fd)
+        print(os.access("main.py", os.R_OK), os.access(name, os.W_OK), os.statvfs(".").f_bsize > 0)
+        print(os.read(os.open("main.py", os.O_RDONLY), 6), os.readlink(name) if os.path.islink(name) else "file")
+        print(os.pathconf(".", "PC_NAME_MAX") > 0, type(os.access(os.__file__, os.F_OK)).__name__)  # stdlib: allowed
+        for i in range(250):  # 250 + mkstemp's 1 = 251 of the 256 files allowed
+            open(f"f{i}", "w").close()
+        shutil.rmtree  # imported without pwd (shutil's own `except ImportError`)
+        print(len(os.listdir(".")))
+        """
+    )
+    assert result.status == "ok", result
+    assert result.stdout == "True True True\nb'\\nimpor' file\nTrue bool\n252\n", result.stdout
+
+
 #: A program that leaves a directory tree 1,200 levels deep ("d/d/.../d": 2,400 characters, under PATH_MAX).
 DEEP_TREE = "import os\np = 'd'\nfor _ in range(1200):\n    os.mkdir(p)\n    p += '/d'\n"
 
@@ -527,15 +600,17 @@ def test_cleanup_of_a_deep_tree_never_raises_nor_leaks(sandbox_dirs):
     # run_python / run_judged raised, both sandbox directories stayed in the temporary directory, and
     # run_judged never closed the judge's 4 descriptors (its cleanup did not run); ~5,000 such programs
     # exhaust the scorer's descriptors. Three rounds: nothing accumulates.
+    # (max_files raised so the guard lets the tree be built; the disk monitor may stop the program once the
+    # tree is deeper than MAX_TREE_DEPTH = 64 levels: a violation, and the tree left is at least that deep)
+    limits = SandboxLimits(cpu_s=2, wall_s=10, max_files=5000)
     before = open_fds()
     for _ in range(3):
-        result = run_python(DEEP_TREE + "print('made')\n", SandboxLimits(cpu_s=2, wall_s=10))
-        assert result.stdout == "made\n", result
+        result = run_python(DEEP_TREE + "print('made')\n", limits)
+        assert result.status == "ok" or result.violation.startswith("disk: a directory tree deeper"), result
         judged = sandbox.run_judged(
-            "__sandbox_report__(__sandbox_call__((2, 3), {}))", DEEP_TREE + "def f(a, b):\n    return a + b\n", "f",
-            SandboxLimits(cpu_s=2, wall_s=10),
+            "__sandbox_report__(__sandbox_call__((2, 3), {}))", DEEP_TREE + "def f(a, b):\n    return a + b\n", "f", limits
         )
-        assert (judged.report, judged.candidate.status, judged.judge.status) == (5, "ok", "ok"), judged
+        assert judged.candidate.status in ("ok", "violation"), judged  # the judge errs when the candidate is stopped
     assert open_fds() == before
     assert len(sandbox_dirs) == 9 and not any(os.path.lexists(d) for d in sandbox_dirs)
 

@@ -34,6 +34,12 @@ VIOLATION_EXIT = 86
 SANDBOX_ID_BASE = 1 << 30
 SANDBOX_ID_SPAN = 1 << 24
 
+#: Seconds between two checks of a running sandbox's directory by the disk monitor (:meth:`Child.check_disk`).
+DISK_CHECK_S = 0.05
+
+#: Deepest directory tree the disk monitor walks (it holds one descriptor per level); deeper is a violation.
+MAX_TREE_DEPTH = 64
+
 #: At most this many modules named by the program's import statements are imported before it runs.
 MAX_PRELOADS = 64
 
@@ -52,6 +58,7 @@ DENIED_IMPORTS = frozenset(
         "_xxsubinterpreters", "_xxinterpchannels", "_testcapi", "_testinternalcapi", "_testmultiphase",
         "_testsinglephase", "_testbuffer", "_testclinic", "_testimportmultiple", "_xxtestfuzz", "_sqlite3",
         "_dbm", "_gdbm", "_tkinter", "nis",
+        "pwd", "grp", "spwd",  # the account databases, read by libc without an audit event
     }
 )
 
@@ -104,11 +111,18 @@ class SandboxLimits:
     #: Open file descriptors (``RLIMIT_NOFILE``): the interpreter and its imports need ~10; 64 stops
     #: descriptor exhaustion.
     max_open_files: int = 64
+    #: Files and directories the program may create (the guard counts each open that may create a file and
+    #: each ``os.mkdir``; the parent's disk monitor counts the entries of the sandbox directory, ``main.py``
+    #: excluded): HumanEval programs create none; 256 stops inode floods (20,000 empty files took 0.9 s).
+    max_files: int = 256
+    #: Bytes the sandbox directory may hold (allocated blocks, checked by the parent every
+    #: :data:`DISK_CHECK_S` and at exit; also the cap of each file, with ``max_file_bytes``): 64 MiB.
+    max_disk_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
         seconds = {"cpu_s": 0.01, "wall_s": 0.01}
         counts = {"memory_mb": 64, "max_output_bytes": 0, "max_processes": 1, "max_file_bytes": 0,
-                  "max_open_files": 16}
+                  "max_open_files": 16, "max_files": 0, "max_disk_bytes": 0}
         for name, minimum in {**seconds, **counts}.items():
             value = getattr(self, name)
             kind = "an integer" if name in counts else "a finite number"
@@ -124,7 +138,8 @@ class SandboxResult:
 
     #: "ok" (exit 0), "error" (non-zero exit, e.g. an exception or a syntax error), "timeout" (the wall
     #: clock or the CPU limit ran out), "killed" (another signal, e.g. a crash), "violation" (the guard
-    #: stopped a forbidden operation; see ``violation``).
+    #: stopped a forbidden operation, or the disk monitor found the sandbox directory over its limits; see
+    #: ``violation``).
     status: str
     #: Exit code; negative: the signal that ended the process.
     returncode: int
@@ -163,10 +178,16 @@ def run_python(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxR
 def pump(procs: list[Child], deadline: float, step) -> bool:
     """Move bytes between this process and ``procs`` (outputs kept up to their caps, channel messages
     collected, pending channel writes flushed) until ``step()`` returns false (it is called after every
-    batch of events); False if the deadline passed first."""
+    batch of events); False if the deadline passed first. Every :data:`DISK_CHECK_S` the children's
+    directories are checked (:meth:`Child.check_disk`)."""
     with selectors.DefaultSelector() as selector:
         registered: dict[int, tuple[int, Child]] = {}
+        next_check = time.monotonic() + DISK_CHECK_S
         while step():
+            if time.monotonic() >= next_check:
+                for proc in procs:
+                    proc.check_disk()
+                next_check = time.monotonic() + DISK_CHECK_S
             wanted: dict[int, tuple[int, Child]] = {}
             for proc in procs:
                 for fd in proc.open_reads():
@@ -185,7 +206,7 @@ def pump(procs: list[Child], deadline: float, step) -> bool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            for key, _ in selector.select(remaining):
+            for key, _ in selector.select(min(remaining, max(0.0, next_check - time.monotonic()))):
                 events, proc = registered[key.fd]
                 if events == selectors.EVENT_WRITE:
                     proc.flush()
@@ -212,6 +233,7 @@ class Child:
         self.outbox = bytearray()
         self.killed = False
         self.start_time = 0.0
+        self.disk_violation: str | None = None
 
     def start(self, start_time: float | None = None) -> None:
         self.workdir = os.path.realpath(tempfile.mkdtemp(prefix="mgrpo-sandbox-"))
@@ -238,6 +260,7 @@ class Child:
             nproc = _count_tasks(self.ids[0] if self.ids else os.getuid()) + self.limits.max_processes
             cpu = math.ceil(self.limits.cpu_s)
             memory = self.limits.memory_mb * 2**20
+            file_bytes = min(self.limits.max_file_bytes, self.limits.max_disk_bytes)
             config = {
                 "codec": CODEC_PATH,
                 "own_files": [CHILD_PATH, CODEC_PATH],
@@ -248,6 +271,7 @@ class Child:
                 "channel": channel,
                 "violation_exit": VIOLATION_EXIT,
                 "max_preloads": MAX_PRELOADS,
+                "max_files": self.limits.max_files,
                 "lazy_modules": LAZY_STDLIB_MODULES if self.ids is not None else (),
                 "denied_imports": sorted(DENIED_IMPORTS),
                 "denied_events": sorted(DENIED_EVENTS),
@@ -256,7 +280,7 @@ class Child:
                     ("RLIMIT_CORE", 0, 0),
                     ("RLIMIT_CPU", cpu, cpu + 1),
                     ("RLIMIT_AS", memory, memory),
-                    ("RLIMIT_FSIZE", self.limits.max_file_bytes, self.limits.max_file_bytes),
+                    ("RLIMIT_FSIZE", file_bytes, file_bytes),
                     ("RLIMIT_NOFILE", self.limits.max_open_files, self.limits.max_open_files),
                     ("RLIMIT_NPROC", nproc, nproc),
                 ),
@@ -346,6 +370,18 @@ class Child:
             self.killed = True
             _kill_group(self.proc)
 
+    def check_disk(self) -> None:
+        """The disk monitor: when the sandbox directory holds more than ``max_disk_bytes`` (allocated blocks),
+        more than ``max_files`` entries besides ``main.py``, or a tree deeper than :data:`MAX_TREE_DEPTH`, the
+        process group is killed and the run becomes a violation. It runs in this process, so it holds even
+        where the guard (in the child) is defeated."""
+        if self.disk_violation is not None or self.workdir is None:
+            return
+        why = disk_usage(self.workdir, self.limits.max_disk_bytes, self.limits.max_files + 1)[2]
+        if why is not None:
+            self.disk_violation = "disk: " + why
+            self.kill()
+
     def finish(self, timed_out: bool, deadline: float) -> SandboxResult:
         """The child's result once its outputs are closed (or the deadline passed: ``timed_out``)."""
         proc = self.proc
@@ -359,7 +395,8 @@ class Child:
         seconds = time.monotonic() - self.start_time
         if self.kept[self.setup_fd]:
             raise RuntimeError(f"the sandbox could not be set up: {self.kept[self.setup_fd].decode('utf-8', 'replace')}")
-        report = self.kept[self.report_fd].decode("utf-8", "replace")
+        self.check_disk()  # what it wrote since the last check (or before it exited)
+        report = self.kept[self.report_fd].decode("utf-8", "replace") or self.disk_violation or ""
         if report or proc.returncode == VIOLATION_EXIT:
             status = "violation"
         elif timed_out or proc.returncode == -signal.SIGXCPU:
@@ -427,6 +464,57 @@ def remove_owned(uid: int, directories: tuple[str, ...] = SHARED_WRITABLE_DIRS) 
                 continue
             removed += remove_tree(entry.path)
     return removed
+
+
+def disk_usage(path: str, max_bytes: int, max_entries: int) -> tuple[int, int, str | None]:
+    """``(bytes, entries, why)`` of the directory tree ``path``: allocated bytes (``st_blocks``, the tree's
+    directories included) and entries below it, counted until a limit is passed; ``why`` says which
+    (``max_bytes``, ``max_entries``, :data:`MAX_TREE_DEPTH` levels), None within them. Never follows a
+    link, holds one descriptor per level, never raises (an entry that vanishes meanwhile is skipped)."""
+    total = entries = 0
+    fds: list[int] = []
+    pending: list[list[str]] = []  # per level: subdirectories still to walk
+    try:
+        try:
+            fds.append(os.open(path, _DIR_FLAGS))
+        except OSError:
+            return 0, 0, None
+        pending.append([])
+        while True:
+            fd = fds[-1]
+            try:
+                with os.scandir(fd) as listing:
+                    for entry in listing:
+                        entries += 1
+                        if entries > max_entries:
+                            return total, entries, f"more than {max_entries - 1} files and directories"
+                        try:
+                            total += entry.stat(follow_symlinks=False).st_blocks * 512
+                            if entry.is_dir(follow_symlinks=False):
+                                pending[-1].append(entry.name)
+                        except OSError:
+                            continue
+                        if total > max_bytes:
+                            return total, entries, f"more than {max_bytes} bytes"
+            except OSError:
+                pass
+            while True:  # the next directory to scan: a pending subdirectory of the deepest open level
+                while fds and not pending[-1]:
+                    os.close(fds.pop())
+                    pending.pop()
+                if not fds:
+                    return total, entries, None
+                if len(fds) >= MAX_TREE_DEPTH:
+                    return total, entries, f"a directory tree deeper than {MAX_TREE_DEPTH} levels"
+                try:
+                    fds.append(os.open(pending[-1].pop(), _DIR_FLAGS, dir_fd=fds[-1]))
+                except OSError:  # vanished meanwhile, or not a directory any more
+                    continue
+                pending.append([])
+                break
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 #: How :func:`remove_tree` opens a directory: never through a symbolic link.
