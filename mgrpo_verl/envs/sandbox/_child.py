@@ -81,11 +81,13 @@ def _install_guard(sandbox, read_roots, read_files, report_fd, violation_exit, d
     """Install the audit hook and return ``harden(refusals)``, which switches it from lenient (a forbidden
     operation raises ``ImportError``/``PermissionError``: used while the child preloads modules) to strict
     (a forbidden operation reports itself on ``report_fd`` and ends the process with ``violation_exit``;
-    importing a module of ``refusals`` counts as the operation refused when it was preloaded).
+    importing a module of ``refusals`` counts as the operation refused when it was preloaded). In strict
+    mode it also counts the files and directories the program creates: past ``max_files`` is a violation.
 
     Everything the hook uses is bound here, in its closure, before the program runs: the program may patch
-    ``os``, ``os.path`` or ``builtins`` without effect. The mutable state (``strict``, ``refused``) is held
-    by the closure alone, and the hook is referenced by no frame or module the program could walk to.
+    ``os``, ``os.path`` or ``builtins`` without effect. The mutable state (``strict``, ``refused``,
+    ``created``) is held by the closure alone, and the hook is referenced by no frame or module the program
+    could walk to.
     """
     import _imp
     import os
