@@ -28,10 +28,11 @@ def ensure_registered() -> None:
 
 
 def register_multi_agent() -> None:
-    """Our agent loops and our trainer modes (:data:`mgrpo_verl.config.schema.TRAINER_MODES`), registered
-    when verl defines their registries, so a process that never imports verl's agent-loop or trainer modules
-    pays nothing. The trainer modes come with verl's v1 trainer package: ``mgrpo`` (``per_agent``), then
-    ``mgrpo_decoupled_main`` / ``mgrpo_decoupled_sub`` (``decoupled``) as soon as ``per_agent`` is complete.
+    """Our agent loops, our tool parser (``hermes_strict``) and our trainer modes
+    (:data:`mgrpo_verl.config.schema.TRAINER_MODES`), registered when verl defines their registries, so a
+    process that never imports verl's agent-loop, tool-parser or trainer modules pays nothing. The trainer
+    modes come with verl's v1 trainer package: ``multi_agent`` (``per_agent``), then ``mgrpo_decoupled_main`` /
+    ``mgrpo_decoupled_sub`` (``decoupled``) as soon as ``per_agent`` is complete.
 
     A registration that fails makes the import of the verl module fail with its error (see
     :mod:`mgrpo_verl.platform._import_hooks`), never a later "unknown trainer". verl's own mechanisms were
@@ -43,6 +44,7 @@ def register_multi_agent() -> None:
 
     from mgrpo_verl.platform._import_hooks import when_imported
 
+    when_imported("verl.experimental.agent_loop.tool_parser", lambda _: import_module("mgrpo_verl.agent_loops.tool_parser"))
     when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.delegation"))
     when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.tool_delegation"))
     when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.cooperative"))

@@ -1,86 +1,12 @@
-"""Delegation by tool call: agent loop ``mgrpo_delegate``.
+"""Delegation by tool call: agent loop ``mgrpo_delegate`` (specification: ``docs/agent_loops.md``).
 
-The main agent runs verl's multi-turn tool loop with one extra tool per sub-agent, ``ask_<sub>(task:
-str)``; each such call runs the sub-agent's own multi-turn tool loop, on the sub-agent's own model, with its
-own tokenizer and tools, and the sub-agent's final text (its "report") is the tool response the main agent
-sees. How many calls a rollout makes is up to the main model (at most ``multi_agent.delegation.max_calls``).
-
-Design: reuse verl's ``ToolAgentLoop``, by subclassing for the main agent and by composition for sub-agents.
-
-* :class:`ToolDelegationLoop` **subclasses** ``ToolAgentLoop``: verl's state machine, Continuous-Token
-  tokenization, turn limits (``multi_turn.max_assistant_turns`` / ``max_user_turns``: the main agent's
-  limits stay verl's own), tool-response truncation (``max_tool_response_length``), per-sample tool
-  selection and the concurrent execution of the calls of one turn (``asyncio.gather`` in
-  ``_handle_processing_tools_state``) are all verl's. It overrides small hooks only:
-
-  - ``__init__``: adds the delegation tools to the main agent's own tools (those verl loaded from its
-    ``multi_turn.tool_config_path`` / ``function_tool_path``); swaps the ``hermes`` parser for
-    :class:`StrictHermesToolParser`, which reports malformed calls instead of dropping them; lifts verl's
-    per-turn cap (``max_parallel_calls``) so that every call of a turn gets an answer, and answers calls
-    beyond the configured cap with an error instead (verl ignores them silently);
-  - ``_call_tool``: validates every call (malformed, unknown name, arguments not a JSON object), runs
-    delegation calls itself and hands the main agent's own tools to verl;
-  - ``ct_merge_context_msg``: tool responses that do not fit in the context (keeping ``answer_tokens`` of
-    room for the next main turn) are replaced by an error text, longest first;
-  - ``server_manager``: a thin route that records each main generation (for the row's staleness tags),
-    caps ``max_tokens`` at the room left in ``response_length`` and fills missing log-probs with zeros.
-
-* Each delegation call runs a plain verl ``ToolAgentLoop`` (**composition**), built once per rollout and
-  sub-agent (so configuration errors raise before anything is generated) with the sub-agent's client
-  (``server_manager.for_agent(sub)``; the server manager itself when it has no ``for_agent``, i.e. one
-  model plays every role), tokenizer (as :mod:`mgrpo_verl.agent_loops.delegation` resolves it from the client's
-  ``config``), tools (``actor_rollout_ref.rollout.multi_turn.tool_config_path`` / ``function_tool_path`` of
-  the client's ``config``; none without a ``config``), its ``prompt_length`` / ``response_length``, and
-  ``multi_turn.max_assistant_turns = multi_agent.delegation.sub_max_turns``. Its prompt is
-  ``multi_agent.delegation.sub_prompt(sub, task)`` (default: the relay_tools task's,
-  :func:`mgrpo_verl.envs.relay.tool_sub_messages`); the sample's ``tools_kwargs`` are passed on, so its tools
-  see per-sample state (the relay_tools task's ``read_secret`` reads the digit from them). Each generation
-  is capped at ``sub_response_tokens`` (and the room left in its ``response_length``). The report is the
-  text of its last generation without tool calls (``"(no answer)"`` to the main agent when empty),
-  shortened like verl shortens tool responses (``max_tool_response_length``). Sub-agents cannot delegate
-  further.
-
-Concurrency: the calls of one main turn run concurrently (verl's ``gather``); per-rollout state lives in a
-context variable, so a loop instance may even run several rollouts at once. Call indices follow the order
-of the calls in the main agent's output (each call takes its index before its first ``await``).
-
-Rows: the contract of :mod:`mgrpo_verl.agent_loops.delegation` (read by the M-GRPO trainer):
-``[sub rows in call order..., main row]``, one sub row per delegation call that returned a report.
-
-* ``extra_fields["mgrpo"]`` = ``{"agent", "traj_id", "parent_traj_id", "score", "calls", "failed_calls",
-  "observation_truncated"}``; ``traj_id`` is ``"{uid}/{session_id}/main"`` for the main row and
-  ``"{uid}/{session_id}/{sub}/{j}"`` for the ``j``-th call (from 0) to sub-agent ``sub``; the main row's
-  ``calls`` counts the delegation calls started (validated and within ``max_calls``, whether they then
-  succeeded or not), ``failed_calls`` every tool call of the main agent answered with an ``"<error: ...>"``
-  observation, ``observation_truncated`` whether a report was shortened or a tool response replaced to fit;
-  sub rows have ``calls`` 1, ``failed_calls`` 0 and ``observation_truncated`` False;
-* scores: ``scorer("main", final answer, ground truth)`` (the main agent's last generation without tool
-  calls) and ``scorer("sub", report, ground truth)``, with ``multi_agent.delegation.scorer``
-  (``relay.load_scorer``) and ``kwargs["reward_model"]["ground_truth"]``; ``reward_score`` is the main
-  score on every row, ``extra_fields["reward_extra_info"]`` too: ``{"acc": main score, "exact": the answer
-  is the ground truth (:func:`~mgrpo_verl.agent_loops.common.exact_match`), "calls": calls,
-  "failed_calls", "main_tokens", "sub_tokens" (response tokens generated), "tool/<name>": calls of each tool
-  of the main agent and the sub-agents that ran (delegation excluded), "tool/parse_errors" (tool calls of
-  the main agent that could not be parsed), "reward/errors" (scores that raised or were not finite: scored
-  0, :func:`mgrpo_verl.agent_loops.common.safe_score`), "answer" (final text), "source", "level", "id"}``
-  (:func:`mgrpo_verl.agent_loops.common.query_stats`);
-* staleness tags: each row's generations' ``TokenOutput.extra_fields`` merged (min of
-  ``min_global_steps``, max of ``max_global_steps``, speculative-decoding counters summed, other keys from
-  the last generation); every row sets the same fields (``response_logprobs`` always, zeros where the
-  backend returned none).
-
-Bad model output never crashes the step and never drops a row silently; each of these becomes an
-``"<error: ...>"`` tool response the main agent sees, counted in ``failed_calls``: a malformed call (JSON
-that does not parse, no ``name``, an unclosed ``<tool_call>``; ``hermes`` format only: other formats keep
-verl's parser), an unknown tool, arguments that are not a JSON object, a delegation without a non-empty
-string ``task``, a delegation beyond ``max_calls``, a call beyond ``multi_turn.max_parallel_calls`` in one
-turn, a sub-agent call that raises or exceeds ``timeout_s`` (no sub row then), and tool responses too long
-for the context (the sub row of a call whose report was replaced stays). Errors of the main agent's own
-tools are verl's (``"Error executing tool ..."``), not counted. Calls in the main agent's last allowed turn
-are not run (verl stops before parsing them). Configuration errors raise.
-
-Needs verl's v1 trainer (``AgentLoopWorkerTQ`` accepts a list of outputs). Text only: sub-agents get no
-processor. Router replay (``routed_experts``) is not carried.
+The main agent runs verl's multi-turn tool loop with one extra tool per sub-agent, ``ask_<sub>(task: str)``;
+each call runs the sub-agent's own verl tool loop on its own model, tokenizer and tools, and the sub-agent's
+final text is the tool response. What differs from verl's ``ToolAgentLoop`` (subclassed; sub-agents compose
+it): every call of a turn is answered (calls beyond ``max_parallel_calls``, malformed calls from the
+``hermes_strict`` parser, unknown tools and bad arguments get an ``<error: ...>`` observation, counted, where
+verl drops them), tool responses that do not fit are replaced, and the rollout returns rows ``[sub rows...,
+main row]`` with M-GRPO's metadata (the contract of :mod:`mgrpo_verl.agent_loops.delegation`).
 """
 
 from __future__ import annotations
@@ -89,7 +15,6 @@ import asyncio
 import contextvars
 import json
 import logging
-import re
 import sys
 import time
 from collections import Counter
@@ -107,14 +32,15 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
-from verl.experimental.agent_loop.tool_parser import FunctionCall, HermesToolParser
+from verl.experimental.agent_loop.tool_parser import FunctionCall
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from verl.tools.tool_registry import load_all_tools
 from verl.utils import hf_tokenizer
 from verl.utils.import_utils import resolve_config_path
-from verl.utils.ray_utils import get_event_loop
 from verl.workers.rollout.replica import TokenOutput
 
+from mgrpo_verl.agent_loops.tool_parser import CALL_BLOCK, FORMAT, MAX_CALL_CHARS, ToolCall
+from mgrpo_verl.agent_loops.tool_parser import error_text as _error
 from mgrpo_verl.envs import relay
 # the module, not its names: importing it first triggers this module's registration mid-way (plugin.py)
 from mgrpo_verl.agent_loops import common, delegation
@@ -126,6 +52,9 @@ logger = logging.getLogger(__name__)
 #: ``@register`` name of :class:`ToolDelegationLoop` (the ``agent_name`` of dataset rows).
 AGENT_LOOP_NAME = relay.TOOLS_AGENT_LOOP_NAME
 
+#: ``multi_turn.format`` values already warned about (see ``ToolDelegationLoop.__init__``).
+_WARNED_FORMATS: set[str] = set()
+
 #: What the main agent sees when a sub-agent's report is empty.
 NO_ANSWER = "(no answer)"
 
@@ -135,83 +64,49 @@ _TOOLS: dict[tuple[Optional[str], Optional[str]], list[Any]] = {}
 #: model path -> ``model_type`` of its ``config.json`` (``None`` when unreadable), for sub-agents' builders.
 _MODEL_TYPES: dict[str, Optional[str]] = {}
 
-#: ``<tool_call>...</tool_call>`` blocks, and a trailing unclosed ``<tool_call>...`` (group 2 empty).
-_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
-
-
 class _SubToolLoop(ToolAgentLoop):
-    """verl's ``ToolAgentLoop`` for sub-agent calls; it only counts the tools it runs (by name) in the
-    rollout's :attr:`_Rollout.tool_uses`, for the evaluation's per-agent statistics."""
+    """verl's ``ToolAgentLoop`` for sub-agent calls; it counts the tools it runs (by name) in the rollout's
+    :attr:`_Rollout.tool_uses`, for the evaluation's per-agent statistics, and answers a call the
+    ``hermes_strict`` parser could not read with its error (verl would look up a tool named "")."""
 
     async def _call_tool(self, tool_call: FunctionCall, tools_kwargs: dict[str, Any], agent_data: Any):
+        error = getattr(tool_call, "error", None)
+        if error:
+            return ToolResponse(text=error), 0.0, {}
         state = _ROLLOUT.get()
         if state is not None:
             state.tool_uses[tool_call.name] += 1
         return await super()._call_tool(tool_call, tools_kwargs, agent_data)
 
 
-def _error(text: str) -> str:
-    return f"<error: {text}>"
+def _decode_arguments(tool_call: FunctionCall) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """``(arguments, None)`` when the call's ``arguments`` are a JSON object, else ``(None, error text)``. Never
+    raises on model output: a string over :data:`~mgrpo_verl.agent_loops.tool_parser.MAX_CALL_CHARS` is refused
+    before decoding; JSON nested too deeply (``RecursionError``) or an int over Python's digit limit
+    (``ValueError``) is an error like any invalid JSON."""
+    name, text = tool_call.name, tool_call.arguments
+    if not isinstance(text, str) or len(text) > MAX_CALL_CHARS:
+        size = f"{len(text)} characters" if isinstance(text, str) else type(text).__name__
+        limit = f"a JSON object of at most {MAX_CALL_CHARS} characters"
+        return None, _error(f"arguments of {name} must be {limit}, got {size}")
+    try:
+        arguments = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as exc:  # JSONDecodeError is a ValueError
+        return None, _error(f"arguments of {name} are not valid JSON: {type(exc).__name__}: {str(exc)[:200]}")
+    if not isinstance(arguments, dict):
+        return None, _error(f"arguments of {name} must be a JSON object, got {text[:200]}")
+    return arguments, None
 
 
 def _strip_calls(text: str) -> str:
     """``text`` without tool-call blocks (closed or not), stripped."""
-    return _CALL_BLOCK.sub("", text).strip()
+    return CALL_BLOCK.sub("", text).strip()
 
 
 def _fit(values: Optional[list[float]], n: int) -> list[float]:
     """``values`` cut or zero-padded to ``n`` entries."""
     values = [float(x) for x in (values or [])[:n]]
     return values + [0.0] * (n - len(values))
-
-
-class _ToolCall(FunctionCall):
-    """A parsed tool call; ``error`` set when the call is not to be run (its error text, the observation)."""
-
-    error: Optional[str] = None
-
-
-class StrictHermesToolParser(HermesToolParser):
-    """verl's ``hermes`` format, but a call that cannot be read is kept as a :class:`_ToolCall` with
-    ``error`` set (verl's parser logs and drops it, so the model would never learn why nothing happened):
-    JSON that does not parse, not an object with a non-empty string ``name``, or a ``<tool_call>`` without
-    ``</tool_call>``. ``arguments`` may be an object (serialised to JSON) or a JSON string (kept as is);
-    :meth:`ToolDelegationLoop._call_tool` checks that they decode to an object."""
-
-    async def extract_tool_calls(self, responses_ids: list[int], tools: Any = None) -> tuple[str, list[FunctionCall]]:
-        text = await get_event_loop().run_in_executor(None, self.tokenizer.decode, responses_ids)
-        if "<tool_call>" not in text:
-            return text, []
-        calls = [_parse_call(body, closed) for body, closed in _CALL_BLOCK.findall(text)]
-        state = _ROLLOUT.get()
-        if state is not None:
-            state.parse_errors += sum(call.error is not None for call in calls)
-        return _CALL_BLOCK.sub("", text), calls
-
-
-def _malformed(reason: str) -> _ToolCall:
-    return _ToolCall(name="", arguments="{}", error=_error(f"malformed tool call: {reason}"))
-
-
-def _parse_call(body: str, closed: str) -> _ToolCall:
-    """One call's text as a :class:`_ToolCall`; never raises on model output (JSON nested too deeply for
-    the decoder or the encoder, huge numbers: a malformed call, like verl's parser, which catches all)."""
-    if not closed:
-        return _malformed("<tool_call> is not closed by </tool_call>")
-    try:
-        call = json.loads(body)
-    except json.JSONDecodeError as exc:
-        return _malformed(f"invalid JSON ({exc})")
-    except (RecursionError, MemoryError, ValueError) as exc:  # e.g. nested 1,000 deep; an int of 5,000 digits
-        return _malformed(f"JSON the decoder cannot read ({type(exc).__name__})")
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-        return _malformed('expected {"name": <tool name>, "arguments": {...}}')
-    arguments = call.get("arguments", {})
-    try:
-        arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    except (RecursionError, MemoryError, ValueError) as exc:
-        return _malformed(f"arguments the encoder cannot write ({type(exc).__name__})")
-    return _ToolCall(name=call["name"], arguments=arguments)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -405,7 +300,7 @@ def _output_row(
 
 @register(AGENT_LOOP_NAME)
 class ToolDelegationLoop(ToolAgentLoop):
-    """The main agent's tool loop with ``ask_<sub>`` tools (see the module docstring)."""
+    """The main agent's tool loop with ``ask_<sub>`` tools (see ``docs/agent_loops.md``)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         self._hf_model_type = kwargs.get("hf_model_type")
@@ -422,8 +317,13 @@ class ToolDelegationLoop(ToolAgentLoop):
                 )
             self.tools[tool.name] = tool
             self.tool_schemas.append(tool.tool_schema.model_dump(exclude_unset=True, exclude_none=True))
-        if self.tool_parser_name == "hermes":
-            self.tool_parser = StrictHermesToolParser(self.tokenizer)
+        parser = self.rollout_config.multi_turn.format
+        if parser != FORMAT and parser not in _WARNED_FORMATS:
+            _WARNED_FORMATS.add(parser)
+            logger.warning(
+                "%s: multi_turn.format is %r, not %r: tool calls its parser cannot read are dropped (verl's parsers), "
+                "not answered nor counted in tool/parse_errors", AGENT_LOOP_NAME, parser, FORMAT,
+            )
         # every call of a turn is answered; those beyond verl's per-turn cap get an error (see _handle_generating_state)
         self.turn_call_limit = self.max_parallel_calls
         self.max_parallel_calls = sys.maxsize
@@ -453,13 +353,17 @@ class ToolDelegationLoop(ToolAgentLoop):
     async def _handle_generating_state(
         self, agent_data: Any, sampling_params: dict[str, Any], ignore_termination: bool = False
     ) -> AgentState:
-        """verl's step; then every call beyond ``multi_turn.max_parallel_calls`` in this turn is marked to be
-        answered with an error instead of being run."""
+        """verl's step; then the calls its parser could not read are counted (``tool/parse_errors``), and every
+        call beyond ``multi_turn.max_parallel_calls`` in this turn is marked to be answered with an error
+        instead of being run."""
         next_state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
         if next_state == AgentState.PROCESSING_TOOLS:
+            state = _ROLLOUT.get()
+            if state is not None:
+                state.parse_errors += sum(bool(getattr(call, "error", None)) for call in agent_data.tool_calls)
             limit = sys.maxsize if self.turn_call_limit is None else self.turn_call_limit
             agent_data.tool_calls = [
-                _ToolCall(
+                ToolCall(
                     name=call.name,
                     arguments=call.arguments,
                     tool_call_id=call.tool_call_id,
@@ -485,12 +389,9 @@ class ToolDelegationLoop(ToolAgentLoop):
         if tool is None:
             available = ", ".join(active) or "none"
             return state.fail(_error(f"unknown tool {tool_call.name!r}; available tools: {available}"))
-        try:
-            arguments = json.loads(tool_call.arguments)
-        except (json.JSONDecodeError, TypeError) as exc:
-            return state.fail(_error(f"arguments of {tool_call.name} are not valid JSON: {exc}"))
-        if not isinstance(arguments, dict):
-            return state.fail(_error(f"arguments of {tool_call.name} must be a JSON object, got {tool_call.arguments}"))
+        arguments, error = _decode_arguments(tool_call)
+        if error:
+            return state.fail(error)
         if isinstance(tool, DelegationTool):
             return await self._delegate(state, state.subs[tool.agent], tool.name, arguments)
         state.tool_uses[tool_call.name] += 1

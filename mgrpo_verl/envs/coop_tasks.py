@@ -165,9 +165,12 @@ class WritingTask(_CoopTask):
     def reward(self, item: Any, outputs: dict[str, str]) -> CoopReward:
         from mgrpo_verl.envs.coop_writing import score_writing
 
-        s = score_writing(outputs["summary"], outputs["details"])
-        feedback = f"structure {s.structure:.2f}, style {s.style:.2f}, coherence {s.coherence:.2f}"
-        return CoopReward(float(s.reward), {"structure": s.structure, "style": s.style, "coherence": s.coherence}, feedback)
+        s = score_writing(outputs["summary"], outputs["details"], article=self.articles[str(item)])
+        feedback = (
+            f"structure {s.structure:.2f}, style {s.style:.2f}, coherence {s.coherence:.2f}, relevance {s.relevance:.2f}"
+        )
+        info = {"structure": s.structure, "style": s.style, "coherence": s.coherence, "relevance": s.relevance}
+        return CoopReward(float(s.reward), info, feedback)
 
 
 #: built-in task name (``mgrpo_verl.task``) -> data_source

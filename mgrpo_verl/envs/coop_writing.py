@@ -29,6 +29,7 @@ Jaccard median 0.058, type-token ratio above 0.56 for 95% of extracts, 0 to 3 di
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import random
@@ -77,6 +78,13 @@ W_STYLE = 0.25
 W_COHERENCE = 0.25
 #: Weight of the reference overlap when ``score_writing(..., use_reference=True)``.
 W_REFERENCE = 0.25
+#: Topical relevance (:func:`topical_relevance`): the share ``p`` of the pair's content vocabulary found in the
+#: article's (title, description, extract) scores 0 up to RELEVANCE_ZERO, rising linearly to 1 at
+#: RELEVANCE_FULL. Calibrated on the corpus: another article's extract shares p <= 0.053 for 90% of random
+#: pairs (median 0, 95% 0.072, 99% 0.133); five leads written from general knowledge for 2001: A Space Odyssey,
+#: Albert Einstein, Amazon River, Photosynthesis and Jazz share 0.16 to 0.37.
+RELEVANCE_ZERO = 0.05
+RELEVANCE_FULL = 0.15
 
 #: Function words left out of the content vocabularies (Jaccard, unique-word ratio, reference overlap).
 STOPWORDS = frozenset(
@@ -381,6 +389,24 @@ def unique_ratio_score(ratio: float) -> float:
     return _clip01((ratio - UNIQUE_RATIO_ZERO) / (UNIQUE_RATIO_FULL - UNIQUE_RATIO_ZERO))
 
 
+@functools.lru_cache(maxsize=4096)
+def article_vocabulary(article: WikiArticle) -> frozenset[str]:
+    """Content words of the article: its title, description and extract (:func:`content_vocabulary`); cached
+    per article (every joint action of a node is scored against the same one)."""
+    return frozenset(content_vocabulary(f"{article.title}\n{article.description}\n{article.extract}"))
+
+
+def topical_relevance(text: str, article: WikiArticle) -> float:
+    """How much ``text`` is about ``article``, in [0, 1]: ``p = |V(text) ∩ V(article)| / |V(text)|`` (0 when
+    ``V(text)`` is empty), ramped from 0 at :data:`RELEVANCE_ZERO` to 1 at :data:`RELEVANCE_FULL`. Text that
+    shares no vocabulary with the article scores 0 however well it meets the surface features."""
+    vocabulary = content_vocabulary(text)
+    if not vocabulary:
+        return 0.0
+    p = len(vocabulary & article_vocabulary(article)) / len(vocabulary)
+    return _clip01((p - RELEVANCE_ZERO) / (RELEVANCE_FULL - RELEVANCE_ZERO))
+
+
 def reference_overlap(text: str, reference: str) -> float:
     """Unigram F1 of the content words of ``text`` against ``reference`` (multisets, :data:`STOPWORDS`
     removed): ``P = overlap / |text|``, ``R = overlap / |reference|``, ``F1 = 2PR / (P + R)``; 0 when
@@ -426,6 +452,9 @@ class WritingScore:
     valid: bool
     #: Unigram F1 against the reference (:func:`reference_overlap`), ``None`` without a reference.
     reference_overlap: float | None = None
+    #: Topical relevance to the article (:func:`topical_relevance`), the factor of the reward; ``None`` without
+    #: an article (then no factor).
+    relevance: float | None = None
 
 
 def _gate_ok(ws: list[str]) -> bool:
@@ -433,7 +462,12 @@ def _gate_ok(ws: list[str]) -> bool:
 
 
 def score_writing(
-    summary_text: str, details_text: str, reference: str | None = None, *, use_reference: bool = False
+    summary_text: str,
+    details_text: str,
+    reference: str | None = None,
+    *,
+    use_reference: bool = False,
+    article: WikiArticle | None = None,
 ) -> WritingScore:
     """Joint reward of a summary and its details paragraph (every value in [0, 1]).
 
@@ -466,11 +500,18 @@ def score_writing(
     of ``summary + details`` against ``reference``, :func:`reference_overlap`). Without the flag the
     overlap is only reported (when a reference is given).
 
+    Topical relevance (with ``article``, as the task scores): the reward is multiplied by
+    ``relevance = clip((p - 0.05) / (0.15 - 0.05), 0, 1)``, where ``p`` is the share of the pair's content
+    vocabulary found in the article's title, description and extract (:func:`topical_relevance`). Without it
+    the features above are met by off-topic nonsense (``tests/envs/test_coop_writing.py``, the attack test).
+
     Args:
         summary_text: the "summary" agent's text.
         details_text: the "details" agent's text.
         reference: the article's extract, or ``None``.
         use_reference: add the reference overlap to the reward (needs ``reference``).
+        article: the article the pair is about: the reward is multiplied by its topical relevance. ``None``
+            scores the surface features only (unit tests of those features).
 
     Raises:
         TypeError: a text or the reference is not a string (``None`` allowed for the reference).
@@ -484,13 +525,18 @@ def score_writing(
     if use_reference and reference is None:
         raise ValueError("score_writing: use_reference=True needs a reference text")
 
+    if article is not None and not isinstance(article, WikiArticle):
+        raise TypeError(f"score_writing: article must be a WikiArticle or None, got {type(article).__name__}")
+
     ws, wd = words(summary_text), words(details_text)
     overlap = reference_overlap(f"{summary_text}\n{details_text}", reference) if reference is not None else None
+    relevance = topical_relevance(f"{summary_text}\n{details_text}", article) if article is not None else None
     if not (_gate_ok(ws) and _gate_ok(wd)):
         return WritingScore(
             reward=0.0, structure=0.0, style=0.0, coherence=0.0, length_score=0.0, unique_score=0.0,
             length_ratio=len(wd) / len(ws) if ws else 0.0, unique_ratio=0.0, jaccard=0.0, transitions=(),
             summary_words=len(ws), details_words=len(wd), valid=False, reference_overlap=overlap,
+            relevance=relevance,
         )
 
     vs, vd = {w for w in ws if w not in STOPWORDS}, {w for w in wd if w not in STOPWORDS}
@@ -505,10 +551,12 @@ def score_writing(
     reward = _clip01(W_STRUCTURE * structure + W_STYLE * style + W_COHERENCE * coherence)
     if use_reference:
         reward = _clip01((1 - W_REFERENCE) * reward + W_REFERENCE * overlap)
+    if relevance is not None:
+        reward = _clip01(reward * relevance)
     return WritingScore(
         reward=reward, structure=structure, style=style, coherence=coherence, length_score=length_score,
         unique_score=unique_score, length_ratio=rho, unique_ratio=u, jaccard=j, transitions=tuple(sorted(found)),
-        summary_words=len(ws), details_words=len(wd), valid=True, reference_overlap=overlap,
+        summary_words=len(ws), details_words=len(wd), valid=True, reference_overlap=overlap, relevance=relevance,
     )
 
 
@@ -518,12 +566,12 @@ def score_article_split(article: WikiArticle) -> WritingScore:
     text = article.extract.strip()
     match = re.search(r"(?<=[.!?])\s+(?=\S)", text)
     summary, details = (text[: match.start()], text[match.end() :]) if match else (text, "")
-    return score_writing(summary, details, article.extract)
+    return score_writing(summary, details, article.extract, article=article)
 
 
 __all__ = [
     "AGENTS", "SELF_ROLE", "SHIPPED_ARTICLES", "STOPWORDS", "TRANSITIONS", "TRANSITION_MARKERS", "WikiArticle", "WritingScore",
-    "agent_messages", "content_vocabulary", "jaccard", "length_ratio_score", "load_wiki_summaries",
+    "agent_messages", "article_vocabulary", "content_vocabulary", "jaccard", "length_ratio_score", "load_wiki_summaries",
     "reference_overlap", "score_article_split", "score_writing", "single_messages", "split_single_response",
-    "transitions_in", "unique_ratio_score", "wiki_json_path", "with_peer", "words", "writing_splits",
+    "topical_relevance", "transitions_in", "unique_ratio_score", "wiki_json_path", "with_peer", "words", "writing_splits",
 ]

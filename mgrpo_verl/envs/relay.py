@@ -105,13 +105,14 @@ EXACT_FORMAT_CREDIT = 0.05
 
 def exact_scorer(role: str, text: str, ground_truth: str) -> float:
     """A scorer that rewards exact answers only (``multi_agent.delegation.scorer=mgrpo_verl.envs.relay:exact_scorer``):
-    1 when ``text``, stripped, is the digit; :data:`EXACT_FORMAT_CREDIT` when it is another single digit; 0
-    otherwise. The dense default pays "7." as "7" and up to 1 for "77777777", so RL on it need not raise
-    exact accuracy (docs/warmstart.md); nothing here pays more than a bare digit."""
+    1 when ``text``, stripped, is the digit; :data:`EXACT_FORMAT_CREDIT` when it is another single ASCII digit
+    (``str.isdigit`` would also credit "７", "٧" or "²"); 0 otherwise. The dense default pays "7." as "7" and up
+    to 1 for "77777777", so RL on it need not raise exact accuracy (docs/warmstart.md); nothing here pays more
+    than a bare digit."""
     answer, digit = str(text).strip(), str(ground_truth).strip()
     if answer == digit:
         return 1.0
-    return EXACT_FORMAT_CREDIT if len(answer) == 1 and answer.isdigit() else 0.0
+    return EXACT_FORMAT_CREDIT if len(answer) == 1 and "0" <= answer <= "9" else 0.0
 
 
 def load_scorer(spec: str | None) -> Scorer:

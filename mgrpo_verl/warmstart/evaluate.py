@@ -117,7 +117,7 @@ def agent_config(model_dir: str, tokenizer_dir: str, tool_config_path: Optional[
         "max_parallel_calls": 1,
         "max_tool_response_length": 256,
         "tool_response_truncate_side": "middle",
-        "format": "hermes",
+        "format": "hermes_strict",
     }
     if tool_config_path:
         multi_turn["tool_config_path"] = tool_config_path

@@ -27,7 +27,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
-from mgrpo_verl.agent_loops import tool_delegation
+from mgrpo_verl.agent_loops import tool_delegation, tool_parser
 from mgrpo_verl.agent_loops.common import DelegationSettings
 from mgrpo_verl.agent_loops.testing import build_agent_loop
 
@@ -136,7 +136,7 @@ def main_config(response_length=512, agents=None, max_parallel_calls=2, max_assi
                         "max_parallel_calls": max_parallel_calls,
                         "max_tool_response_length": 256,
                         "tool_response_truncate_side": "right",
-                        "format": "hermes",
+                        "format": tool_parser.FORMAT,
                     },
                 },
             },
@@ -415,22 +415,80 @@ def test_bad_calls_become_error_observations(tokenizer, first_turn, error):
     check_contract(rows, 0.125)
 
 
-@pytest.mark.parametrize("depth", [1000, 100_000])
+@pytest.mark.parametrize("depth", [1000, 8000])
 def test_the_parser_never_raises_on_deep_json(tokenizer, depth):
-    # json.loads raised RecursionError out of the parser on JSON nested 1,000 deep
+    # json.loads raised RecursionError out of the parser on JSON nested 1,000 deep (8,000 deep: 16,000
+    # characters, under MAX_CALL_CHARS; deeper is refused by size before decoding, below)
     deep = "[" * depth + "]" * depth
-    assert tool_delegation._parse_call(deep, "</tool_call>").error == (
+    assert tool_parser.parse_call(deep, "</tool_call>").error == (
         "<error: malformed tool call: JSON the decoder cannot read (RecursionError)>"
     )
+    assert tool_parser.parse_call("[" * 100_000, "</tool_call>").error == (
+        "<error: malformed tool call: 100000 characters, more than 16384>"
+    )
     nested = '{"name": "f", "arguments": {"a": ' + deep + "}}"
-    assert tool_delegation._parse_call(nested, "</tool_call>").error.startswith("<error: malformed tool call: JSON")
-    assert tool_delegation._parse_call('{"name": "f", "arguments": ' + "9" * 5000 + "}", "x").error.startswith(
+    assert tool_parser.parse_call(nested, "</tool_call>").error.startswith("<error: malformed tool call: JSON")
+    assert tool_parser.parse_call('{"name": "f", "arguments": ' + "9" * 5000 + "}", "x").error.startswith(
         "<error: malformed tool call: JSON the decoder cannot read (ValueError)"  # over int_max_str_digits
     )
-    parser = tool_delegation.StrictHermesToolParser(tokenizer)
+    parser = tool_parser.StrictHermesToolParser(tokenizer)
     text = f"<tool_call>{deep}</tool_call>" + ask("A")
     _, calls = asyncio.run(parser.extract_tool_calls(tokenizer.encode(text, add_special_tokens=False)))
     assert [(c.name, c.error is None) for c in calls] == [("", False), ("ask_sub", True)]
+
+
+def hostile(name: str, arguments: str) -> str:
+    """A call whose ``arguments`` are the JSON *string* ``arguments`` (the loop decodes it)."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+
+DEEP_ARGUMENTS = "[" * 1500 + "]" * 1500  # json.loads: RecursionError
+LONG_INT_ARGUMENTS = "1" * 5000  # json.loads: ValueError (over sys.get_int_max_str_digits(), 4,300)
+UNREADABLE = "<error: malformed tool call: arguments the decoder cannot read"
+
+
+@pytest.mark.parametrize(
+    "first_turn, error, parse_error",
+    [
+        (hostile("ask_sub", DEEP_ARGUMENTS), UNREADABLE + " (RecursionError)>", 1),
+        (hostile("ask_sub", LONG_INT_ARGUMENTS), UNREADABLE + " (ValueError)>", 1),
+        # a call over MAX_CALL_CHARS (16,384) is refused before any decoding: a parse error
+        (ask("x" * 20_000), "<error: malformed tool call: 20046 characters, more than 16384>", 1),
+    ],
+    ids=["deep_string", "long_int_string", "oversized_call"],
+)
+def test_hostile_arguments_become_error_observations(tokenizer, first_turn, error, parse_error):
+    # issue 29 item 5: arguments written as a JSON string were kept as they were by the parser, and verl decodes
+    # them right after it (ToolAgentLoop._build_assistant_message), catching only JSONDecodeError: RecursionError /
+    # ValueError escaped ToolDelegationLoop.run and verl dropped the prompt group, uncounted. Now: parse errors.
+    # The oversized call: '{"name": ' 9 + '"ask_sub"' 9 + ', ' 2 + '"arguments": ' 13 + '{"task": ' 9
+    # + 20,000 x in quotes 20,002 + '}}' 2 = 20,046 characters
+    sub = FakeAgent(tokenizer, respond=secret_sub(), config=sub_config())
+    main = FakeManager(tokenizer, [first_turn + END, "4" + END], {"sub": sub})
+    rows = run(main, tokenizer, main_config(response_length=30_000))
+    assert sub.calls == [] and len(rows) == 1 and len(main.calls) == 2  # the main agent saw it and went on
+    assert error in observed(tokenizer, rows[0])
+    assert (meta(rows[0])["calls"], meta(rows[0])["failed_calls"]) == (0, 1)
+    assert rows[0].extra_fields["reward_extra_info"]["tool/parse_errors"] == parse_error
+    check_contract(rows, 0.125)
+
+
+def test_hostile_arguments_of_a_sub_agent_are_its_error_observation(tokenizer):
+    # sub-agents inherit multi_turn.format (hermes_strict in the presets): without the parser's decoding the
+    # same string would raise out of the sub-agent's verl loop, the delegation would fail and its row be lost;
+    # the sub-agent sees the error instead, reads the secret and reports
+    def respond(prompt: str):
+        if "<error:" not in prompt:
+            return hostile("read_secret", DEEP_ARGUMENTS) + END
+        return secret_sub()(prompt)
+
+    sub = FakeAgent(tokenizer, respond=respond, config=sub_config(response_length=20_000))
+    main = FakeManager(tokenizer, [ask("go") + END, "4" + END], {"sub": sub})
+    rows = run(main, tokenizer, main_config(sub_max_turns=3, sub_response_tokens=20_000))
+    assert [meta(r)["traj_id"] for r in rows] == ["u1/2/sub/0", "u1/2/main"]
+    assert UNREADABLE + " (RecursionError)>" in observed(tokenizer, rows[0])
+    assert "The secret digit is 4." in observed(tokenizer, rows[0]) and meta(rows[1])["failed_calls"] == 0
+    check_contract(rows, 0.125)
 
 
 def test_a_scorer_that_raises_scores_zero_and_is_counted(tokenizer, tmp_path):
@@ -530,7 +588,7 @@ def test_context_overflow_replaces_the_tool_response_with_an_error(tokenizer):
 
 
 def test_strict_parser_keeps_good_calls_beside_bad_ones(tokenizer):
-    parser = tool_delegation.StrictHermesToolParser(tokenizer)
+    parser = tool_parser.StrictHermesToolParser(tokenizer)
     text = "hi " + ask("A") + '<tool_call>{"name": 1}</tool_call>' + ask("B") + END
     content, calls = asyncio.run(parser.extract_tool_calls(tokenizer.encode(text, add_special_tokens=False)))
     assert content == "hi " + END
@@ -538,6 +596,19 @@ def test_strict_parser_keeps_good_calls_beside_bad_ones(tokenizer):
         ("ask_sub", {"task": "A"}, True), ("", {}, False), ("ask_sub", {"task": "B"}, True)
     ]  # fmt: skip
     assert asyncio.run(parser.extract_tool_calls(tokenizer.encode("plain", add_special_tokens=False))) == ("plain", [])
+
+
+def test_the_strict_parser_is_chosen_by_verls_format_setting(tokenizer):
+    # registered in verl's ToolParser registry (on import of verl's parser module: plugin.py), and picked by
+    # verl's own ToolAgentLoop.__init__ from multi_turn.format; "hermes" keeps verl's parser (not swapped)
+    from verl.experimental.agent_loop.tool_parser import HermesToolParser, ToolParser
+
+    assert type(ToolParser.get_tool_parser("hermes_strict", tokenizer)) is tool_parser.StrictHermesToolParser
+    main = FakeManager(tokenizer, [], {"sub": FakeAgent(tokenizer)})
+    assert type(build(main, tokenizer, main_config()).tool_parser) is tool_parser.StrictHermesToolParser
+    config = main_config()
+    config.actor_rollout_ref.rollout.multi_turn.format = "hermes"
+    assert type(build(main, tokenizer, config).tool_parser) is HermesToolParser
 
 
 # ----------------------------------------------------------------------------------------------------

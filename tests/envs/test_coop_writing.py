@@ -249,6 +249,89 @@ def test_reward_on_the_corpus_itself(articles):
     assert s.valid and 0.0 < s.reward <= 1.0 and s.reference_overlap == pytest.approx(1.0)
 
 
+# ------------------------------------------------------------------------- topical relevance (issue 29 item 7)
+
+#: Off-topic nonsense tuned to the reward's features. Summary 5 words, content {zorblax, quenfit, mivorra, plenth,
+#: daxil}; details 15 words, content {moreover, zorblax, quenfit, glimmerbox, tranquo, vexilat, snorfle,
+#: therefore, mivorra, plenth, krendal, finally, wumbrat, yorple, fizzgig} (15: the three markers are not
+#: stopwords). rho = 15/5 = 3 -> L = 1; u = 15/5 = 3 -> U = 1; J = 4 shared / (5 + 15 - 4) = .25 -> style 1;
+#: markers moreover, therefore, finally -> coherence 1: the surface reward is 1.0.
+NONSENSE = (
+    "Zorblax quenfit mivorra plenth daxil.",
+    "Moreover, zorblax quenfit glimmerbox tranquo vexilat snorfle. Therefore, mivorra plenth krendal. Finally, "
+    "wumbrat yorple fizzgig.",
+)
+
+#: Off-topic but fluent: a recipe written to the features (two parts, new words, three markers).
+CARBONARA = (
+    "Pasta carbonara is a Roman dish of eggs, cheese, cured pork and black pepper.",
+    "It is made by boiling spaghetti and mixing it with beaten eggs and grated pecorino off the heat. Moreover, "
+    "guanciale is fried until crisp, because its fat flavours the sauce. However, cream is not traditional. "
+    "Finally, the dish is served at once, so that the sauce stays silky and the pasta stays warm.",
+)
+
+#: A lead written from general knowledge (not from the extract) for the corpus's "Albert Einstein".
+EINSTEIN = (
+    "Albert Einstein was a German-born theoretical physicist who developed the theory of relativity, one of the "
+    "two pillars of modern physics.",
+    "Einstein was born in Ulm in 1879 and later studied in Zurich. While working at the Swiss patent office, he "
+    "published his 1905 papers on the photoelectric effect, Brownian motion and special relativity. Subsequently, "
+    "he developed general relativity, which describes gravity as the curvature of spacetime. He received the Nobel "
+    "Prize in Physics in 1921, notably for his explanation of the photoelectric effect. However, he left Germany "
+    "in 1933 because of the rise of the Nazis and settled in the United States, where he worked at Princeton. "
+    "His equation E = mc2 is famous worldwide, and he died in 1955.",
+)
+
+
+def test_off_topic_nonsense_tuned_to_the_features_scores_zero(articles):
+    # the attack: it earned the full joint reward 1.0 from the task (coop_tasks.WritingTask.reward) for any
+    # article; it shares no content word with "Jazz", so p = 0 -> relevance 0 -> reward 0
+    from mgrpo_verl.envs.coop_tasks import WRITING_SOURCE, task_for
+
+    summary, details = NONSENSE
+    assert cw.score_writing(summary, details).reward == pytest.approx(1.0)  # the surface features alone
+    jazz = next(a for a in articles if a.title == "Jazz")
+    s = cw.score_writing(summary, details, article=jazz)
+    assert (s.structure, s.style, s.coherence, s.relevance, s.reward) == (1.0, 1.0, 1.0, 0.0, 0.0)
+    outcome = task_for(WRITING_SOURCE).reward("Jazz", {"summary": summary, "details": details})
+    assert outcome.reward == 0.0 and outcome.info["relevance"] == 0.0
+    # fluent English about another subject, tuned the same way: 14 and 53 words -> rho 3.79 -> L = 1; V(s) 10,
+    # V(d) 25 -> u = 2.5 -> U = 1; structure 1; 3 shared (dish, eggs, pasta) -> J = 3 / 32 = .09375 -> style
+    # .625; 5 markers -> coherence 1; surface reward .5 + .25 * .625 + .25 = .90625. It shares 1 of its 32
+    # content words with "Albert Einstein" ("made"): p = 1/32 = .031 < .05 -> relevance 0
+    einstein = next(a for a in articles if a.title == "Albert Einstein")
+    recipe = cw.score_writing(*CARBONARA, article=einstein)
+    assert cw.score_writing(*CARBONARA).reward == pytest.approx(0.90625)
+    assert (recipe.relevance, recipe.reward) == (0.0, 0.0)
+
+
+def test_a_lead_about_the_article_keeps_its_reward(articles):
+    # p = 22 shared / 60 distinct content words = .367 >= RELEVANCE_FULL .15 -> relevance 1: reward unchanged
+    einstein = next(a for a in articles if a.title == "Albert Einstein")
+    summary, details = EINSTEIN
+    vocabulary = cw.content_vocabulary(f"{summary}\n{details}")
+    assert (len(vocabulary), len(vocabulary & cw.article_vocabulary(einstein))) == (60, 22)
+    s = cw.score_writing(summary, details, article=einstein)
+    assert s.relevance == 1.0 and s.reward == pytest.approx(cw.score_writing(summary, details).reward) and s.reward > 0.8
+    # the same lead scored against another article is off-topic: it shares no content word with "Jazz" -> 0
+    jazz = next(a for a in articles if a.title == "Jazz")
+    assert cw.score_writing(summary, details, article=jazz).relevance == 0.0
+
+
+def test_topical_relevance_ramp():
+    article = cw.WikiArticle(title="Paris", extract="Paris is the capital of France on the Seine.", description="City", topic="Geography")
+    # V(article) = {paris, capital, france, seine, city}; each text has 10 content words
+    others = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    assert cw.topical_relevance(" ".join(others), article) == 0.0  # p = 0
+    # p = 1/10 = .1 -> (.1 - .05) / (.15 - .05) = .5
+    assert cw.topical_relevance(" ".join(["paris", *others[:9]]), article) == pytest.approx(0.5)
+    # p = 2/10 = .2 >= .15 -> 1
+    assert cw.topical_relevance(" ".join(["paris", "seine", *others[:8]]), article) == 1.0
+    assert cw.topical_relevance("the of and", article) == 0.0  # no content word
+    with pytest.raises(TypeError, match="article must be a WikiArticle"):
+        cw.score_writing(SUMMARY, DETAILS, article="Paris")
+
+
 # ----------------------------------------------------------------------------------- robustness
 
 
@@ -326,12 +409,16 @@ _texts = st.one_of(
 )
 
 
+_ARTICLE = cw.WikiArticle(title="Paris", extract="Paris is a city in France, on a river.", description="", topic="Geography")
+
+
 @settings(max_examples=400, deadline=None)
-@given(_texts, _texts, st.one_of(st.none(), _texts), st.booleans())
-def test_every_component_stays_in_unit_interval(summary, details, reference, use_reference):
+@given(_texts, _texts, st.one_of(st.none(), _texts), st.booleans(), st.booleans())
+def test_every_component_stays_in_unit_interval(summary, details, reference, use_reference, with_article):
     if use_reference and reference is None:
         reference = ""
-    s = cw.score_writing(summary, details, reference, use_reference=use_reference)
+    article = _ARTICLE if with_article else None
+    s = cw.score_writing(summary, details, reference, use_reference=use_reference, article=article)
     for name in ("reward", "structure", "style", "coherence", "length_score", "unique_score", "jaccard"):
         assert 0.0 <= getattr(s, name) <= 1.0, name
     if reference is not None:
@@ -339,4 +426,7 @@ def test_every_component_stays_in_unit_interval(summary, details, reference, use
     # the reward is the documented combination of its parts
     base = 0.5 * s.structure + 0.25 * s.style + 0.25 * s.coherence
     want = 0.75 * base + 0.25 * s.reference_overlap if use_reference else base
+    if with_article:
+        assert 0.0 <= s.relevance <= 1.0
+        want *= s.relevance
     assert s.reward == pytest.approx(want if s.valid else 0.0, abs=1e-12)

@@ -27,3 +27,14 @@ def test_module_and_file_scorers(tmp_path):
 def test_bad_scorer_specs(spec, match):
     with pytest.raises(ValueError, match=match):
         relay.load_scorer(spec)
+
+
+@pytest.mark.parametrize("text", ["７", "٧", "²", "߇", "𝟕"])
+def test_exact_scorer_gives_no_format_credit_to_non_ascii_digits(text):
+    # issue 29 item 5: str.isdigit() is True for a fullwidth 7, an Arabic-Indic 7, a superscript 2, an NKo 7
+    # and a mathematical bold 7, so each earned EXACT_FORMAT_CREDIT as "another single digit"; the task's
+    # digits are ASCII (and "7" itself still scores 1, another ASCII digit the credit)
+    assert text.isdigit() and len(text) == 1
+    assert relay.exact_scorer("main", text, "7") == 0.0
+    assert relay.exact_scorer("main", "7", "7") == 1.0
+    assert relay.exact_scorer("main", "3", "7") == relay.EXACT_FORMAT_CREDIT

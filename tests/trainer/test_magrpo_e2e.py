@@ -3,7 +3,9 @@ point) trains two tiny models, one per agent, on the writing collaboration task 
 
 B = 4 tasks x G = 4 joint actions, one turn: each model trains on its own agent's 16 rows per step; both
 agents' rows of a node carry the node's joint reward and advantage (checked in the unit tests), so the
-two agents' mean scores are equal every step. Validation runs before training and at the end.
+two agents' mean scores are equal every step. Validation runs before training and at the end. The tiny
+random models earn no reward under the topical-relevance factor, so this checks the wiring, not learning
+(the advantages and updates from non-zero joint rewards: tests/agent_loops/test_cooperative_loop.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ def test_two_agents_train_on_a_joint_reward(main_ppo):
             assert math.isfinite(m[f"agent/{agent}/actor/pg_loss"])
         # the same joint reward on both agents' rows
         assert m["agent/summary/score/mean"] == pytest.approx(m["agent/details/score/mean"])
-    assert max(run.at(s)[f"agent/{a}/actor/grad_norm"] for s in (1, 2) for a in ("summary", "details")) > 0
+        # tiny random models write token strings that (almost) never share a word with the article: topical
+        # relevance 0, joint reward 0 (issue 29 item 7; before, these strings met the surface features and the
+        # gradients were non-zero), so the update usually runs on zero advantages: only finiteness is checked
+        for agent in ("summary", "details"):
+            assert math.isfinite(m[f"agent/{agent}/actor/grad_norm"])
     assert "val-core/mgrpo_verl/coop_writing/acc/mean@1" in run.at(0)
     assert "val-core/mgrpo_verl/coop_writing/acc/mean@1" in run.at(2)
     # one rollout server per agent

@@ -18,7 +18,7 @@ from verl.experimental.agent_loop.tool_parser import HermesToolParser
 from verl.workers.rollout.replica import TokenOutput
 
 from mgrpo_verl.envs import relay
-from mgrpo_verl.agent_loops import tool_delegation
+from mgrpo_verl.agent_loops import tool_parser
 from mgrpo_verl.agent_loops.testing import build_agent_loop
 from mgrpo_verl.warmstart import demos
 from mgrpo_verl.warmstart.dataset import JsonToolsSFTDataset
@@ -137,7 +137,7 @@ def test_demonstrations_render_to_the_rollouts_token_ids(sft_files, tokenizer, t
 
 def test_verls_hermes_parser_accepts_every_demonstrated_call(sft_files, tokenizer):
     parser = HermesToolParser(tokenizer)
-    strict = tool_delegation.StrictHermesToolParser(tokenizer)
+    strict = tool_parser.StrictHermesToolParser(tokenizer)
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     episodes = [*demos.demos_for("relay_tools").episodes(64, 0, "train"), *demos.demos_for("relay_tools").episodes(16, 0, "val")]
     seen = set()

@@ -1,8 +1,9 @@
 """``python -m mgrpo_verl.main_ppo task=relay_tools`` end to end on CPU: the warm start is built by the
 launcher's warm-start stage (a small one here: 100 SFT steps for the main agent, 20 for the sub-agent, no
 evaluation), then one M-GRPO step with validation before and after. The warm-started agents delegate by tool
-call: the main agent's ``ask_sub`` calls and the sub-agent's ``read_secret`` calls are read by verl's hermes
-parser (the loop's ``StrictHermesToolParser``, which also counts the calls it cannot read), so the run has
+call: the main agent's ``ask_sub`` calls and the sub-agent's ``read_secret`` calls are read by the parser
+the preset names in verl's registry (``multi_turn.format: hermes_strict``, our ``StrictHermesToolParser``,
+which also keeps the calls it cannot read, counted), so the run has
 sub-agent rows to train and validation reports parsed calls (> 0), failed calls and parse errors (counted),
 and exact accuracy; the summary line shows the exact accuracy. Several minutes on 2 cores: slow."""
 

@@ -48,6 +48,10 @@ MAX_TOP_K = 10
 #: The fewest characters a page of ``visit`` may have (smaller pages only waste turns).
 MIN_PAGE_CHARS = 100
 
+#: The longest arguments string a tool parses (characters; the tool loop's own cap, ``MAX_CALL_CHARS`` of
+#: :mod:`mgrpo_verl.agent_loops.tool_parser`, has the same value): longer ones are refused before decoding.
+MAX_ARGUMENTS_CHARS = 16_384
+
 ToolResult = tuple[ToolResponse, float, dict]
 
 
@@ -64,19 +68,34 @@ def error_response(message: str) -> ToolResult:
 
 
 def _arguments(tool: str, parameters: Any) -> dict[str, Any]:
-    """The call's arguments as a dict: a dict as is, a JSON object string parsed, ``None`` as ``{}``."""
+    """The call's arguments as a dict: a dict as is, a JSON object string parsed, ``None`` as ``{}``. A string
+    over :data:`MAX_ARGUMENTS_CHARS` is refused unread; one the decoder cannot read (a syntax error, nesting
+    too deep for it, an int over Python's digit limit) is an error too, never an exception out of the tool."""
     if parameters is None:
         return {}
     if isinstance(parameters, str):
+        if len(parameters) > MAX_ARGUMENTS_CHARS:
+            raise ToolInputError(
+                f"{tool} takes a JSON object of arguments of at most {MAX_ARGUMENTS_CHARS} characters, "
+                f"got {len(parameters)}"
+            )
         try:
             parameters = json.loads(parameters) if parameters.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError, MemoryError):  # json.JSONDecodeError is a ValueError
             raise ToolInputError(
                 f"{tool} takes a JSON object of arguments; could not parse {shorten(parameters, 80)!r}"
             ) from None
     if not isinstance(parameters, Mapping):
         raise ToolInputError(f"{tool} takes a JSON object of arguments, got {type(parameters).__name__}")
     return dict(parameters)
+
+
+def _preview(value: Any, limit: int) -> str:
+    """``repr(value)`` shortened, for error messages; never raises (a list nested too deeply for ``repr``)."""
+    try:
+        return shorten(repr(value), limit)
+    except (RecursionError, MemoryError, ValueError):
+        return "(nested too deeply to show)"
 
 
 def _type_name(value: Any) -> str:
@@ -91,7 +110,7 @@ def _text_arg(args: dict[str, Any], name: str, example: str, max_chars: Optional
         raise ToolInputError(f"missing the required argument {name!r} (a string), e.g. {example}")
     value = args[name]
     if not isinstance(value, str):
-        raise ToolInputError(f"{name!r} must be a string, got {_type_name(value)} {shorten(repr(value), 60)}")
+        raise ToolInputError(f"{name!r} must be a string, got {_type_name(value)} {_preview(value, 60)}")
     value = value.strip()
     if not value:
         raise ToolInputError(f"{name!r} is empty; give it some text, e.g. {example}")
@@ -122,7 +141,7 @@ def _int_arg(args: dict[str, Any], name: str, default: int, low: int, high: Opti
         except ValueError:
             number = None
     if number is None:
-        raise ToolInputError(f"{name!r} must be an integer {span}, got {_type_name(value)} {shorten(repr(value), 40)}")
+        raise ToolInputError(f"{name!r} must be an integer {span}, got {_type_name(value)} {_preview(value, 40)}")
     if number < low or (high is not None and number > high):
         raise ToolInputError(f"{name!r} must be an integer {span}, got {number}")
     return number
@@ -289,18 +308,22 @@ class VisitTool(_ResearchTool):
     """``visit(doc, page?)``: one page of an article (:func:`~.corpus.format_page` text).
 
     ``doc`` is a title (exact, or equal ignoring case and spacing, or that wrapped in quotes/brackets).
-    Config: ``page_chars`` (600, at least :data:`MIN_PAGE_CHARS`), ``corpus``. Info: ``{"page": i, "pages": n}``.
+    Config: ``page_chars`` (600, at least :data:`MIN_PAGE_CHARS`), ``max_doc_chars`` (300; a longer ``doc`` is
+    refused before the title lookup: an unknown title is matched by BM25 for suggestions, on the event loop,
+    and 52 kB took 27.5 s; the corpus's longest title has 62 characters), ``corpus``. Info: ``{"page": i,
+    "pages": n}``.
     """
 
     def __init__(self, config: dict, tool_schema: Optional[OpenAIFunctionToolSchema] = None):
         config = dict(config or {})
-        _check_keys("visit", config, {"page_chars", "corpus"})
+        _check_keys("visit", config, {"page_chars", "max_doc_chars", "corpus"})
         self.page_chars = _config_int(config, "page_chars", 600, MIN_PAGE_CHARS)
+        self.max_doc_chars = _config_int(config, "max_doc_chars", 300, 1)
         self._corpus_file = _corpus_path(config)
         super().__init__(config, tool_schema or visit_schema())
 
     async def _run(self, instance_id: str, args: dict[str, Any]) -> ToolResult:
-        doc = _text_arg(args, "doc", '{"doc": "Stanley Kubrick"} (a title from the search results)')
+        doc = _text_arg(args, "doc", '{"doc": "Stanley Kubrick"} (a title from the search results)', self.max_doc_chars)
         page = _int_arg(args, "page", 1, 1)
         corpus = await self.corpus()
         title = corpus.lookup(doc) or corpus.lookup(_strip_wrapping(doc)) or doc

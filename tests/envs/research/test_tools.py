@@ -171,6 +171,50 @@ def test_visit_errors(corpus_file):
     assert_error(call(tool, 3), "visit takes a JSON object of arguments, got int")
 
 
+def test_visit_refuses_a_huge_title_before_bm25(corpus_file, monkeypatch):
+    # issue 29 item 5: an unknown title is matched by BM25 for suggestions, on the event loop; `doc` was
+    # uncapped (52 kB: 27.5 s on the real corpus). Now refused by length before the lookup: suggest never runs.
+    from mgrpo_verl.envs.research.corpus import Corpus
+
+    suggested = []
+    monkeypatch.setattr(Corpus, "suggest", lambda self, doc, k=3: suggested.append(doc) or [])
+    tool = VisitTool({"type": "native", "corpus": corpus_file})
+    assert tool.max_doc_chars == 300
+    assert_error(call(tool, {"doc": "Alpha " * 8667}), "'doc' is 52001 characters long; the limit is 300")  # stripped
+    assert suggested == []
+    assert_error(call(tool, {"doc": "Alpha Centaur"}), "no document titled")  # an ordinary typo still suggests
+    assert suggested == ["Alpha Centaur"]
+    assert VisitTool({"max_doc_chars": 10}).max_doc_chars == 10
+
+
+@pytest.mark.parametrize(
+    "parameters, fragment",
+    [
+        ("[" * 100_000, "at most 16384 characters, got 100000"),  # refused unread
+        ("[" * 8000 + "]" * 8000, "could not parse"),  # RecursionError in the decoder (16,000 characters)
+        ("1" * 5000, "could not parse"),  # ValueError: over Python's 4,300-digit limit for int()
+    ],
+    ids=["over_the_cap", "deep", "long_int"],
+)
+def test_hostile_argument_strings_are_errors(corpus_file, parameters, fragment):
+    # issue 29 item 5: a string argument nested deeply raised RecursionError out of execute (only
+    # JSONDecodeError was caught); every tool parses string arguments with _arguments
+    for tool in (SearchTool({"corpus": corpus_file}), VisitTool({"corpus": corpus_file}), ReasonTool({})):
+        assert_error(call(tool, parameters), fragment)
+
+
+def test_a_value_nested_too_deeply_to_print_is_an_error(corpus_file):
+    # verl hands dict arguments, decoded at a shallower stack than the tool's error message runs at: a list
+    # nested just under the decoder's limit there can be too deep for repr() here, which raised RecursionError
+    # out of execute. Built directly (5,000 deep: deeper than any recursion limit lets repr go).
+    value: list = []
+    for _ in range(5000):
+        value = [value]
+    assert_error(call(VisitTool({"corpus": corpus_file}), {"doc": value}), "'doc' must be a string, got array")
+    search = SearchTool({"corpus": corpus_file})
+    assert_error(call(search, {"query": "x", "top_k": value}), "'top_k' must be an integer")
+
+
 # -- reason ---------------------------------------------------------------------------------------------------
 
 
