@@ -79,9 +79,9 @@ def stock_config(overrides: list[str], out_dir: Path) -> Path:
             f"mgrpo_verl.metrics_file={out_dir / 'unused.jsonl'}",
         ])
     OmegaConf.resolve(cfg)
-    for section in OUR_SECTIONS:
+    OmegaConf.set_struct(cfg, False)
+    for section in (*OUR_SECTIONS, "hydra"):
         cfg.pop(section, None)
-    cfg.pop("hydra", None)
     path = out_dir / "stock.yaml"
     path.write_text(OmegaConf.to_yaml(cfg))
     return path

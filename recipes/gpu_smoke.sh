@@ -212,6 +212,8 @@ run_stage() {
 failed=0
 for stage in "${STAGES[@]+"${STAGES[@]}"}"; do
   run_stage "$stage" || failed=1
+  # the results so far, after every stage: a call stopped at its limit still brings back what finished
+  [ "$stage" != "${STAGES[-1]}" ] && "$PYTHON" -m mgrpo_verl.experiments.gpu_smoke report --work "$WORK" --out "$RESULTS" > /dev/null 2>&1
 done
 
 "$PYTHON" -m mgrpo_verl.experiments.gpu_smoke report --work "$WORK" --out "$RESULTS"

