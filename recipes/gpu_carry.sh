@@ -31,6 +31,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DIR=.gpu_carry
 DL=.gpu_carry_dl
+SITE="${GPU_CARRY_SITE:-/tmp/site}"  # where `run` installs (the GPU machine's /tmp; another path to rehearse here)
 VLLM_VERSION=0.24.0
 PACKAGES=(ray==2.60.0 verl==0.9.1 hydra-core==1.3.8 omegaconf==2.3.1 codetiming==1.4.0 datasets==5.2.0
   dill==0.4.1 multiprocess==0.70.19 tensordict==0.10.0 pyvers==0.1.0 orjson==3.13.0 importlib-metadata==10.2.0
@@ -89,11 +90,11 @@ pack_vllm() {
       --platform manylinux_2_28_x86_64 -d "$DL" "vllm==$VLLM_VERSION"
   fi
   mkdir "$tmp/site" && unzip -q "$DL"/vllm-"$VLLM_VERSION"-*.whl -d "$tmp/site"
-  echo "gpu_carry: tracing verl's vLLM rollout imports (dense Qwen2, FLASH_ATTN; about 2 minutes)"
-  "$tpy" recipes/vllm_closure.py trace --vllm-dir "$tmp/site" --out "$tmp/closure.json" 2> "$tmp/trace.log" \
+  local carried; carried="$(printf '%s\n' "${PACKAGES[@]}" | cut -d= -f1 | tr '\n' ' ')"
+  echo "gpu_carry: tracing verl's vLLM rollout imports (dense Qwen2, FLASH_ATTN; a few passes of about 2 minutes)"
+  "$tpy" recipes/vllm_closure.py trace --vllm-dir "$tmp/site" --out "$tmp/closure.json" --carried "$carried" 2> "$tmp/trace.log" \
     || { tail -n 30 "$tmp/trace.log" >&2; echo "gpu_carry: the trace failed (above)" >&2; exit 1; }
   grep -A20 '^vllm_closure' "$tmp/trace.log" >&2
-  local carried; carried="$(printf '%s\n' "${PACKAGES[@]}" | cut -d= -f1 | tr '\n' ' ')"
   "$py" recipes/vllm_closure.py select --vllm-dir "$tmp/site" --closure "$tmp/closure.json" --out "$tmp/keep.txt" \
     --carried "$carried" --wheels "$tmp/requirements.txt" ${VLLM_CARRY_FA2:+--carry-fa2}
   mkdir "$tmp/wheels"
@@ -104,6 +105,7 @@ pack_vllm() {
       -d "$tmp/wheels" -r "$tmp/requirements.txt"
   fi
   cp "$tmp/closure.json" "$tmp/requirements.txt" "$tmp/wheels/"
+  cp "$tmp/closure.json" "${VLLM_CLOSURE_RECORD:-/dev/null}"  # e.g. docs/results/gpu_vllm_closure.json
   echo "gpu_carry: compressing (xz -6, a few minutes)"
   tar cf - -C "$tmp/site" -T "$tmp/keep.txt" -C "$tmp" wheels | xz -T0 -6 > "$tmp/vllm.tar.xz"
   echo "gpu_carry: vLLM archive $(( $(stat -c %s "$tmp/vllm.tar.xz") / 1048576 )) MiB; the device-tool calls:"
@@ -111,32 +113,32 @@ pack_vllm() {
     --command "${VLLM_LAST_COMMAND:-bash recipes/gpu_smoke.sh B1 B2 B3}" --plan-out "${DIR}_vllm_1/plan.json"
 }
 
-install_vllm() {  # the parts carried so far -> /tmp/site (every SHA-256 checked first)
-  python3 recipes/vllm_closure.py join --root . --out /tmp/vllm.tar.xz || exit 3
-  tar xJf /tmp/vllm.tar.xz -C /tmp/site && rm -f /tmp/vllm.tar.xz
-  if compgen -G "/tmp/site/wheels/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/site/wheels/*.whl
+install_vllm() {  # the parts carried so far -> $SITE (every SHA-256 checked first)
+  python3 recipes/vllm_closure.py join --root . --out "$SITE.vllm.tar.xz" || exit 3
+  tar xJf "$SITE.vllm.tar.xz" -C "$SITE" && rm -f "$SITE.vllm.tar.xz"
+  if compgen -G "$SITE/wheels/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$SITE/wheels/"*.whl
   fi
-  touch /tmp/site/.vllm_installed
+  touch "$SITE/.vllm_installed"
 }
 
 run() {
   [ "${1:-}" = -- ] && shift
   [ -d "$DIR" ] || { echo "gpu_carry: no $DIR here: pack it, and name it in the call's carry" >&2; exit 2; }
-  if [ ! -f /tmp/site/.installed ]; then
+  if [ ! -f "$SITE/.installed" ]; then
     local t0=$SECONDS
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$DIR"/*.whl
-    tar xJf "$DIR/ray.tar.xz" -C /tmp/site
-    touch /tmp/site/.installed && echo "gpu_carry: installed into /tmp/site in $((SECONDS - t0)) s"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$DIR"/*.whl
+    tar xJf "$DIR/ray.tar.xz" -C "$SITE"
+    touch "$SITE/.installed" && echo "gpu_carry: installed into $SITE in $((SECONDS - t0)) s"
   fi
-  if compgen -G "${DIR}_vllm_*" >/dev/null && [ ! -f /tmp/site/.vllm_installed ]; then
+  if compgen -G "${DIR}_vllm_*" >/dev/null && [ ! -f "$SITE/.vllm_installed" ]; then
     local t1=$SECONDS
-    install_vllm && echo "gpu_carry: vLLM installed into /tmp/site in $((SECONDS - t1)) s"
+    install_vllm && echo "gpu_carry: vLLM installed into $SITE in $((SECONDS - t1)) s"
   fi
-  export PYTHONPATH="$PWD:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1 PYTHON=python3
+  export PYTHONPATH="$PWD:$SITE" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1 PYTHON=python3
   [ -d "$DIR/cache" ] && export MGRPO_VERL_CACHE="$PWD/$DIR/cache"
   python3 -c 'import ray, torch, transformers, verl; print(f"gpu_carry: torch {torch.__version__} (CUDA {torch.cuda.is_available()}), ray {ray.__version__}, verl {verl.__version__}, transformers {transformers.__version__}")'
-  if [ -f /tmp/site/.vllm_installed ]; then
+  if [ -f "$SITE/.vllm_installed" ]; then
     python3 -c 'import vllm, vllm.entrypoints.openai.api_server, verl.workers.rollout.vllm_rollout.vllm_async_server; print(f"gpu_carry: vllm {vllm.__version__} and verl'"'"'s vLLM server import")' \
       || { echo "gpu_carry: vLLM does not import (above): a module the trace missed, or a wheel the image lacks" >&2; exit 4; }
   fi

@@ -36,6 +36,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+import tempfile
 import traceback
 import types
 from pathlib import Path
@@ -202,13 +203,44 @@ def _fake_gpu() -> None:
     torch.library.register_fake = register_fake
 
 
-def trace(vllm_dir: Path) -> dict:
+class _Blocker(importlib.abc.MetaPathFinder):
+    """Makes the modules under ``roots`` unimportable (ModuleNotFoundError), as on a machine without their
+    distribution, and records which were asked for."""
+
+    def __init__(self, roots: set[str]) -> None:
+        self.roots, self.asked = roots, set()
+
+    def find_spec(self, name, path, target=None):
+        root = next((r for r in self.roots if name == r or name.startswith(r + ".")), None)
+        if root is not None:
+            self.asked.add(root)
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by vllm_closure)", name=name)
+        return None
+
+
+def _missing_root(error: BaseException, roots: set[str]) -> str | None:
+    """The blocked module an entry's failure comes from, following the exception's causes."""
+    seen = 0
+    while error is not None and seen < 20:
+        name = getattr(error, "name", None) if isinstance(error, ImportError) else None
+        for text in (name or "", str(error)):
+            for r in roots:
+                if text == r or text.startswith(r + ".") or f"'{r}'" in text or f"'{r}." in text:
+                    return r
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def trace(vllm_dir: Path, blocked: set[str] = frozenset()) -> dict:
     sys.path.insert(0, str(vllm_dir))
     _fake_gpu()
     recorder = _Recorder()
     sys.meta_path.insert(0, recorder)
     for name in BASELINE_MODULES:
         importlib.import_module(name)
+    blocker = _Blocker(set(blocked))
+    sys.meta_path.insert(0, blocker)
+    needs: set[str] = set()
     before = set(sys.modules)
     entries: dict[str, str] = {}
     for name in ENTRY_MODULES:
@@ -216,6 +248,8 @@ def trace(vllm_dir: Path) -> dict:
             importlib.import_module(name)
             entries[name] = "ok"
         except BaseException as e:  # noqa: BLE001 - recorded: the trace of that entry is incomplete
+            if (root := _missing_root(e, blocker.roots)) is not None:
+                needs.add(root)
             entries[name] = f"{type(e).__name__}: {str(e)[:300]} | " + " / ".join(
                 traceback.format_exception(e)[-3:-1]
             ).replace("\n", " ")[:600]
@@ -254,7 +288,7 @@ def trace(vllm_dir: Path) -> dict:
         if owner is None:
             unowned.add(name.split(".")[0])
         else:
-            dists.setdefault(_canon(owner[0]), {"version": owner[1], "modules": set()})["modules"].add(name.split(".")[0])
+            dists.setdefault(_canon(owner[0]), {"version": owner[1], "modules": set()})["modules"].add(name)
     for ext in recorder.extensions.values():
         if Path(ext["origin"]).resolve().is_relative_to(vllm_root):
             ext["origin"] = str(Path(ext["origin"]).resolve().relative_to(vllm_root))
@@ -266,9 +300,53 @@ def trace(vllm_dir: Path) -> dict:
         "complete": all(v.startswith("ok") or EXPECTED_FAILURES.get(k, "\0") in v for k, v in entries.items()),
         "vllm_files": sorted(vllm_files),
         "extensions": dict(sorted(recorder.extensions.items())),
-        "distributions": {k: {"version": v["version"], "modules": sorted(v["modules"])} for k, v in sorted(dists.items())},
+        # per distribution, its outermost modules imported (a namespace package's part, e.g. opentelemetry.sdk)
+        "distributions": {k: {"version": v["version"], "modules": sorted(m for m in v["modules"]
+                                                                           if m.rpartition(".")[0] not in v["modules"])}
+                          for k, v in sorted(dists.items())},
         "unowned_top_level_modules": sorted(unowned),
+        "blocked": sorted(blocked), "blocked_asked": sorted(blocker.asked), "blocked_needed": sorted(needs),
     }
+
+
+def minimal_trace(vllm_dir: Path, already_carried: set[str], passes: int = 12) -> dict:
+    """The trace, then passes (each a fresh interpreter) with every candidate distribution (traced, not the
+    image's, not the base carry's) blocked, unblocking each one whose absence fails an entry, until every entry
+    imports: a distribution imported only in a ``try`` (vLLM's optional video reader cv2, OpenTelemetry's gRPC
+    exporter, ...) stays out. The record's ``distributions`` is what the path needs; ``optional_distributions``
+    what it imported but does without."""
+    def run_pass(block: set[str]) -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "pass.json"
+            cmd = [sys.executable, __file__, "trace", "--vllm-dir", str(vllm_dir), "--out", str(out), "--single"]
+            if block:
+                cmd += ["--block", ",".join(sorted(block))]
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if not out.is_file():
+                raise SystemExit(f"vllm_closure: a trace pass wrote nothing ({' '.join(cmd)})")
+            return json.loads(out.read_text())
+
+    first = run_pass(set())
+    if not first["complete"]:
+        return first
+    candidates = carried_distributions(first, already_carried)
+    owner = {m: d for d in candidates for m in first["distributions"][d]["modules"]}
+    blocked, history = set(owner), []
+    for _ in range(passes):
+        rec = run_pass(blocked)
+        history.append({"blocked": len(blocked), "needed": rec["blocked_needed"], "complete": rec["complete"]})
+        if rec["complete"]:
+            break
+        if not rec["blocked_needed"]:
+            raise SystemExit(f"vllm_closure: with {sorted(blocked)} blocked an entry fails for another reason: "
+                             f"{ {k: v for k, v in rec['entries'].items() if not v.startswith('ok')} }")
+        blocked -= {m for m in owner if owner[m] in {owner[r] for r in rec["blocked_needed"]}}
+    else:
+        raise SystemExit(f"vllm_closure: no complete trace after {passes} passes: {history}")
+    optional = {owner[m] for m in blocked}
+    first["optional_distributions"] = {d: first["distributions"].pop(d)["version"] for d in sorted(optional)}
+    first["ablation_passes"] = history
+    return first
 
 
 def _binary(path: Path) -> bool:
@@ -278,9 +356,22 @@ def _binary(path: Path) -> bool:
         return fh.read(4) == b"\x7fELF"
 
 
+def _package_of(root: Path, path: Path) -> str | None:
+    """The innermost package directory (one with ``__init__.py``) holding ``path``, relative to ``root``."""
+    for parent in path.parents:
+        if parent == root or root not in parent.parents:
+            return None
+        if (parent / "__init__.py").is_file():
+            return str(parent.relative_to(root))
+    return None
+
+
 def select(vllm_dir: Path, closure: dict, carry_fa2: bool = False) -> dict:
     """Files of the unpacked wheel to keep, and every dropped binary with its reason."""
-    attempted = {e["origin"] for e in closure["extensions"].values()}
+    # extensions inside the wheel (the trace made their paths relative); the others are the stdlib's and other
+    # distributions' (carried as wheels, or the image's)
+    attempted = {e["origin"] for e in closure["extensions"].values() if not Path(e["origin"]).is_absolute()}
+    imported_packages = {str(Path(f).parent) for f in closure.get("vllm_files", ()) if f.endswith("__init__.py")}
     keep, dropped = [], {}
     for path in sorted(p for p in vllm_dir.rglob("*") if p.is_file()):
         rel = str(path.relative_to(vllm_dir))
@@ -290,8 +381,13 @@ def select(vllm_dir: Path, closure: dict, carry_fa2: bool = False) -> dict:
             if rel not in attempted:
                 raise SystemExit(f"vllm_closure: {rel} is a static drop but the trace never attempted it: re-check STATIC_DROPS")
             dropped[rel] = STATIC_DROPS[rel]
-        elif _binary(path) and rel not in attempted:
-            dropped[rel] = "never loaded by the traced import path"
+        elif _binary(path):
+            if rel in attempted:
+                keep.append(rel)
+            else:
+                dropped[rel] = "never loaded by the traced import path"
+        elif path.suffix != ".py" and (package := _package_of(vllm_dir, path)) not in (None, *imported_packages):
+            dropped[rel] = f"data of the package {package.replace('/', '.')}, which the traced path never imports"
         else:
             keep.append(rel)
     missing = sorted(attempted - set(keep) - set(dropped))
@@ -449,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("trace")
     t.add_argument("--vllm-dir", required=True, type=Path)
     t.add_argument("--out", required=True, type=Path)
+    t.add_argument("--carried", default="", help="space-separated distributions the base carry brings")
+    t.add_argument("--single", action="store_true", help="one pass, no ablation of optional distributions")
+    t.add_argument("--block", default="", help="comma-separated modules made unimportable (an ablation pass)")
     s = sub.add_parser("select")
     s.add_argument("--vllm-dir", required=True, type=Path)
     s.add_argument("--closure", required=True, type=Path)
@@ -496,7 +595,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm_closure: {m['count']} parts joined into {args.out}, {m['archive_bytes']} bytes, SHA-256 verified")
         return 0
     if args.cmd == "trace":
-        record = trace(args.vllm_dir)
+        if args.single:
+            record = trace(args.vllm_dir, set(filter(None, args.block.split(","))))
+        else:
+            record = minimal_trace(args.vllm_dir, {_canon(n) for n in args.carried.split()})
         args.out.write_text(json.dumps(record, indent=1) + "\n")
         bad = {k: v for k, v in record["entries"].items() if not v.startswith("ok")}
         print(f"vllm_closure: expected failures (no CUDA runtime here): {EXPECTED_FAILURES}", file=sys.stderr)

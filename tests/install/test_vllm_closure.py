@@ -94,17 +94,20 @@ def test_select_keeps_python_drops_unloaded_and_static_binaries(tmp_path):
     site = tmp_path / "site"
     for rel, content in {"vllm/__init__.py": b"", "vllm/_C_stable_libtorch.abi3.so": b"\x7fELF1",
                          "vllm/_moe_C_stable_libtorch.abi3.so": b"\x7fELF2", "vllm/vllm-rs": b"\x7fELF3",
-                         "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"\x7fELF4", "vllm/x.json": b"{}"}.items():
+                         "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"\x7fELF4", "vllm/x.json": b"{}",
+                         "vllm/gemm/__init__.py": b"", "vllm/gemm/include/k.hpp": b"//"}.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_bytes(content)
-    closure = {"complete": True, "extensions": {
+    closure = {"complete": True, "vllm_files": ["vllm/__init__.py"], "extensions": {
         "vllm._C_stable_libtorch": {"origin": "vllm/_C_stable_libtorch.abi3.so"},
         "vllm._moe_C_stable_libtorch": {"origin": "vllm/_moe_C_stable_libtorch.abi3.so"},
         "vllm.vllm_flash_attn._vllm_fa2_C": {"origin": "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"}}}
     chosen = vc.select(site, closure)
-    assert chosen["keep"] == ["vllm/_C_stable_libtorch.abi3.so", "vllm/__init__.py", "vllm/x.json"]
+    # kept: the loaded kernel, every Python file (vllm/gemm's too), data of an imported package (vllm)
+    assert chosen["keep"] == ["vllm/_C_stable_libtorch.abi3.so", "vllm/__init__.py", "vllm/gemm/__init__.py", "vllm/x.json"]
     assert chosen["dropped"]["vllm/vllm-rs"] == "never loaded by the traced import path"
-    assert set(chosen["dropped"]) == {"vllm/vllm-rs", *vc.STATIC_DROPS}
+    assert chosen["dropped"]["vllm/gemm/include/k.hpp"] == "data of the package vllm.gemm, which the traced path never imports"
+    assert set(chosen["dropped"]) == {"vllm/vllm-rs", "vllm/gemm/include/k.hpp", *vc.STATIC_DROPS}
     assert "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" in vc.select(site, closure, carry_fa2=True)["keep"]
 
 
