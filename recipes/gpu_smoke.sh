@@ -134,12 +134,15 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
   fi
   case "$stage" in
     A*) ARGS+=("actor_rollout_ref.rollout.name=$HF_ROLLOUT") ;;
-    T*) local b="${SMOKE_BATCH:-4}" n="${SMOKE_ROLLOUTS:-4}" r="${SMOKE_RESPONSE_TOKENS:-16}"
+    T*) local b="${SMOKE_BATCH:-4}" n="${SMOKE_ROLLOUTS:-4}" r="${SMOKE_RESPONSE_TOKENS:-16}" m=16
+      (( (b * n) % m )) && m=$((b * n))  # verl splits each model's b x n rows into micro-batches of m
       # same rows per model and fixed-length generations (verl's ignore_eos reaches vLLM's SamplingParams)
       ARGS+=("data.train_batch_size=$b" "actor_rollout_ref.rollout.n=$n" "actor_rollout_ref.actor.ppo_mini_batch_size=$b"
-        actor_rollout_ref.rollout.ignore_eos=true "data.max_prompt_length=${SMOKE_PROMPT_TOKENS:-256}")
+        actor_rollout_ref.rollout.ignore_eos=true "data.max_prompt_length=${SMOKE_PROMPT_TOKENS:-256}"
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$m" "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$m"
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$m")
       if [ "$stage" = T1 ]; then ARGS+=("data.max_response_length=$r")
-      else ARGS=("${ARGS[0]}" "${ARGS[1]}" task=relay "${ARGS[@]:2}" "${SHARED_PLACEMENT}"
+      else ARGS=("${ARGS[0]}" "${ARGS[1]}" task=relay "${ARGS[@]:2}"  # ?2 below adds the shared placement
         "multi_agent.delegation.plan_tokens=$((r / 2))" "multi_agent.delegation.answer_tokens=$((r / 2))"
         "multi_agent.delegation.sub_response_tokens=$r" "data.max_response_length=$((4 * r))"); fi ;;&
     T*|B*) if [ "$DEVICE" = cpu ]; then ARGS+=(+preset=vllm_cpu)  # vLLM's CPU build (docs/cpu.md "vLLM on CPU")
@@ -184,11 +187,20 @@ run_stage() {
     sample_gpu "$dir" & sampler=$!
   fi
   case "$stage" in A*) limit="${SMOKE_TIMEOUT_S:-170}" ;; T*) limit="${SMOKE_TIMEOUT_S:-270}" ;; *) limit="${SMOKE_TIMEOUT_S:-240}" ;; esac
+  # verl's own main_ppo (T1) writes its metrics where VERL_FILE_LOGGER_PATH says (ours sets it from
+  # mgrpo_verl.metrics_file); on CPU it also gets the environment our main_ppo gives a CPU run (a private Ray
+  # temp dir, no auth token in $HOME, vLLM's CPU linear weights kept reloadable: ray_session.ray_cpu_env)
+  local envs=("VERL_FILE_LOGGER_PATH=$dir/metrics.jsonl") ray_tmp=""
+  if [ "$stage" = T1 ] && [ "$DEVICE" = cpu ]; then
+    ray_tmp="$(mktemp -d /tmp/mgrpo_stock_XXXXXX)"  # short: Ray's socket paths have a length limit
+    mapfile -t -O 1 envs < <("$PYTHON" -c 'import sys; from mgrpo_verl.platform.ray_session import ray_cpu_env
+print("\n".join(f"{k}={v}" for k, v in ray_cpu_env(sys.argv[1]).items()))' "$ray_tmp")
+  fi
   start="$(date +%s.%N)"
-  # SIGINT first: main_ppo shuts Ray (and the GPU processes it started) down on KeyboardInterrupt; verl's own
-  # main_ppo (T1) writes its metrics where VERL_FILE_LOGGER_PATH says (ours sets it from mgrpo_verl.metrics_file)
-  VERL_FILE_LOGGER_PATH="$dir/metrics.jsonl" timeout -s INT --kill-after=30 "$limit" "$PYTHON" "${ARGS[@]}" > "$dir/log.txt" 2>&1
+  # SIGINT first: main_ppo shuts Ray (and the GPU processes it started) down on KeyboardInterrupt
+  env "${envs[@]}" timeout -s INT --kill-after=30 "$limit" "$PYTHON" "${ARGS[@]}" > "$dir/log.txt" 2>&1
   rc=$?
+  [ -n "$ray_tmp" ] && rm -rf "$ray_tmp"
   echo "$(date +%s.%N) $start" | awk '{printf "%.1f\n", $1 - $2}' > "$dir/seconds"
   echo "$rc" > "$dir/rc"
   [ -n "$sampler" ] && { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; }

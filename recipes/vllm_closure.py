@@ -231,7 +231,11 @@ def _missing_root(error: BaseException, roots: set[str]) -> str | None:
     return None
 
 
-def trace(vllm_dir: Path, blocked: set[str] = frozenset()) -> dict:
+def trace(vllm_dir: Path, blocked: dict[str, str] | None = None) -> dict:
+    """One interpreter's trace. ``blocked``: module root -> its distribution, made unimportable; when an entry
+    fails on one, that distribution's roots are unblocked (needed) and the entry is imported again, so the pass
+    ends with what the path needs: a blocked root it asked for and did without was imported in a ``try``."""
+    blocked = dict(blocked or {})
     sys.path.insert(0, str(vllm_dir))
     _fake_gpu()
     recorder = _Recorder()
@@ -240,19 +244,23 @@ def trace(vllm_dir: Path, blocked: set[str] = frozenset()) -> dict:
         importlib.import_module(name)
     blocker = _Blocker(set(blocked))
     sys.meta_path.insert(0, blocker)
-    needs: set[str] = set()
+    needs: set[str] = set()  # distributions
     before = set(sys.modules)
     entries: dict[str, str] = {}
     for name in ENTRY_MODULES:
-        try:
-            importlib.import_module(name)
-            entries[name] = "ok"
-        except BaseException as e:  # noqa: BLE001 - recorded: the trace of that entry is incomplete
-            if (root := _missing_root(e, blocker.roots)) is not None:
-                needs.add(root)
-            entries[name] = f"{type(e).__name__}: {str(e)[:300]} | " + " / ".join(
-                traceback.format_exception(e)[-3:-1]
-            ).replace("\n", " ")[:600]
+        while True:
+            try:
+                importlib.import_module(name)
+                entries[name] = "ok"
+            except BaseException as e:  # noqa: BLE001 - recorded: the trace of that entry is incomplete
+                if (root := _missing_root(e, blocker.roots)) is not None:
+                    needs.add(blocked[root])
+                    blocker.roots -= {r for r, d in blocked.items() if d == blocked[root]}
+                    continue  # the failed modules left sys.modules: import the entry again, with it
+                entries[name] = f"{type(e).__name__}: {str(e)[:300]} | " + " / ".join(
+                    traceback.format_exception(e)[-3:-1]
+                ).replace("\n", " ")[:600]
+            break
     try:
         from vllm.model_executor.models.registry import ModelRegistry
 
@@ -272,6 +280,10 @@ def trace(vllm_dir: Path, blocked: set[str] = frozenset()) -> dict:
             except (OSError, ValueError):
                 continue
     vllm_files, dists, unowned = set(), {}, set()
+    for name in sorted(sys.modules):  # vLLM's own files: whenever imported (the baseline imports some of vllm too)
+        path = Path(getattr(sys.modules[name], "__file__", None) or "/").resolve()
+        if path.is_relative_to(vllm_root):
+            vllm_files.add(str(path.relative_to(vllm_root)))
     for name in sorted(set(sys.modules) - before):
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None)
@@ -279,7 +291,6 @@ def trace(vllm_dir: Path, blocked: set[str] = frozenset()) -> dict:
             continue
         path = Path(file).resolve()
         if path.is_relative_to(vllm_root):
-            vllm_files.add(str(path.relative_to(vllm_root)))
             continue
         if path.is_relative_to(Path(sys.base_prefix).resolve() / "lib"):
             if "site-packages" not in path.parts:
@@ -305,47 +316,39 @@ def trace(vllm_dir: Path, blocked: set[str] = frozenset()) -> dict:
                                                                            if m.rpartition(".")[0] not in v["modules"])}
                           for k, v in sorted(dists.items())},
         "unowned_top_level_modules": sorted(unowned),
-        "blocked": sorted(blocked), "blocked_asked": sorted(blocker.asked), "blocked_needed": sorted(needs),
+        "blocked": sorted(set(blocked.values())), "blocked_needed": sorted(needs),
+        "blocked_optional": sorted({blocked[r] for r in blocker.asked if blocked[r] not in needs}),
     }
 
 
-def minimal_trace(vllm_dir: Path, already_carried: set[str], passes: int = 12) -> dict:
-    """The trace, then passes (each a fresh interpreter) with every candidate distribution (traced, not the
-    image's, not the base carry's) blocked, unblocking each one whose absence fails an entry, until every entry
-    imports: a distribution imported only in a ``try`` (vLLM's optional video reader cv2, OpenTelemetry's gRPC
-    exporter, ...) stays out. The record's ``distributions`` is what the path needs; ``optional_distributions``
-    what it imported but does without."""
-    def run_pass(block: set[str]) -> dict:
+def minimal_trace(vllm_dir: Path, already_carried: set[str]) -> dict:
+    """Two interpreters: the trace, then the trace again with every candidate distribution (traced, not the
+    image's, not the base carry's) blocked, unblocking each one whose absence fails an entry (:func:`trace`). A
+    distribution imported only in a ``try`` (vLLM's optional video reader cv2, OpenTelemetry's gRPC exporter,
+    ...) stays out. The record's ``distributions`` is what the path needs; ``optional_distributions`` what the
+    first trace imported and the second did without."""
+    def run_pass(block: dict[str, str]) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "pass.json"
-            cmd = [sys.executable, __file__, "trace", "--vllm-dir", str(vllm_dir), "--out", str(out), "--single"]
-            if block:
-                cmd += ["--block", ",".join(sorted(block))]
+            out, spec = Path(tmp) / "pass.json", Path(tmp) / "block.json"
+            spec.write_text(json.dumps(block))
+            cmd = [sys.executable, __file__, "trace", "--vllm-dir", str(vllm_dir), "--out", str(out), "--block", str(spec)]
             subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if not out.is_file():
                 raise SystemExit(f"vllm_closure: a trace pass wrote nothing ({' '.join(cmd)})")
             return json.loads(out.read_text())
 
-    first = run_pass(set())
+    first = run_pass({})
     if not first["complete"]:
         return first
     candidates = carried_distributions(first, already_carried)
-    owner = {m: d for d in candidates for m in first["distributions"][d]["modules"]}
-    blocked, history = set(owner), []
-    for _ in range(passes):
-        rec = run_pass(blocked)
-        history.append({"blocked": len(blocked), "needed": rec["blocked_needed"], "complete": rec["complete"]})
-        if rec["complete"]:
-            break
-        if not rec["blocked_needed"]:
-            raise SystemExit(f"vllm_closure: with {sorted(blocked)} blocked an entry fails for another reason: "
-                             f"{ {k: v for k, v in rec['entries'].items() if not v.startswith('ok')} }")
-        blocked -= {m for m in owner if owner[m] in {owner[r] for r in rec["blocked_needed"]}}
-    else:
-        raise SystemExit(f"vllm_closure: no complete trace after {passes} passes: {history}")
-    optional = {owner[m] for m in blocked}
+    second = run_pass({m: d for d in candidates for m in first["distributions"][d]["modules"]})
+    if not second["complete"]:
+        raise SystemExit("vllm_closure: with the optional distributions blocked an entry fails for another reason: "
+                         f"{ {k: v for k, v in second['entries'].items() if not v.startswith('ok')} }")
+    optional = set(candidates) - set(second["blocked_needed"])
     first["optional_distributions"] = {d: first["distributions"].pop(d)["version"] for d in sorted(optional)}
-    first["ablation_passes"] = history
+    first["ablation"] = {"blocked": second["blocked"], "needed": second["blocked_needed"],
+                         "asked_for_and_done_without": second["blocked_optional"], "entries": second["entries"]}
     return first
 
 
@@ -546,8 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--vllm-dir", required=True, type=Path)
     t.add_argument("--out", required=True, type=Path)
     t.add_argument("--carried", default="", help="space-separated distributions the base carry brings")
-    t.add_argument("--single", action="store_true", help="one pass, no ablation of optional distributions")
-    t.add_argument("--block", default="", help="comma-separated modules made unimportable (an ablation pass)")
+    t.add_argument("--block", type=Path, help="one pass with these modules unimportable: JSON {module: distribution}")
     s = sub.add_parser("select")
     s.add_argument("--vllm-dir", required=True, type=Path)
     s.add_argument("--closure", required=True, type=Path)
@@ -595,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm_closure: {m['count']} parts joined into {args.out}, {m['archive_bytes']} bytes, SHA-256 verified")
         return 0
     if args.cmd == "trace":
-        if args.single:
-            record = trace(args.vllm_dir, set(filter(None, args.block.split(","))))
+        if args.block:
+            record = trace(args.vllm_dir, json.loads(args.block.read_text()))
         else:
             record = minimal_trace(args.vllm_dir, {_canon(n) for n in args.carried.split()})
         args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -128,3 +128,39 @@ def test_recorded_trace_is_complete_and_loads_the_kernels_a_dense_model_needs():
     assert {"vllm/_C_stable_libtorch.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
             "vllm/cumem_allocator.abi3.so"} <= origins
     assert "vllm/model_executor/models/qwen2.py" in rec["vllm_files"]
+
+
+def test_blocker_tells_a_needed_import_from_an_optional_one(tmp_path, monkeypatch):
+    """What the ablation pass relies on: a blocked module imported inside try/except is asked for and done without;
+    one imported plainly fails the import, and _missing_root names it from the exception."""
+    import sys
+
+    (tmp_path / "zz_user.py").write_text("try:\n    import zz_opt\nexcept ImportError:\n    zz_opt = None\nimport zz_need.sub\n")
+    (tmp_path / "zz_opt.py").write_text("")
+    (tmp_path / "zz_need").mkdir()
+    (tmp_path / "zz_need" / "__init__.py").write_text("")
+    (tmp_path / "zz_need" / "sub.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    blocker = vc._Blocker({"zz_opt", "zz_need"})
+    monkeypatch.setattr(sys, "meta_path", [blocker, *sys.meta_path])
+    with pytest.raises(ModuleNotFoundError) as info:
+        import zz_user  # noqa: F401
+    assert vc._missing_root(info.value, blocker.roots) == "zz_need"
+    assert blocker.asked == {"zz_opt", "zz_need"}
+    blocker.roots.discard("zz_need")  # unblocked (needed): the import now succeeds without the optional one
+    import zz_user
+
+    assert zz_user.zz_opt is None
+    for name in ("zz_user", "zz_need", "zz_need.sub"):
+        sys.modules.pop(name, None)
+
+
+RECORD_OPTIONAL = ("opencv-python-headless", "grpcio")
+
+
+@pytest.mark.skipif(not RECORD.is_file(), reason="no recorded trace")
+def test_recorded_trace_keeps_optional_distributions_out():
+    rec = json.loads(RECORD.read_text())
+    # vllm/multimodal/video.py imports cv2 inside try/except; verl's server imports openai_harmony plainly
+    assert set(RECORD_OPTIONAL) <= set(rec["optional_distributions"]), rec.get("optional_distributions")
+    assert {"openai-harmony", "cbor2"} <= set(rec["distributions"]) and "opencv-python-headless" not in rec["distributions"]
