@@ -86,8 +86,8 @@ def test_builder_writes_a_deterministic_bf16_checkpoint(tmp_path, monkeypatch):
     assert tok_dir == tokenizer
     with safe_open(f"{model_dir}/model.safetensors", "pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    # tied: no lm_head tensor; 1,030 x 896 + 357,897,216 + 896 = 358,821,992
-    assert sum(t.numel() for t in tensors.values()) == qwen2_params(1030, 896, 4864, 24, 14, 2) == 358_821_992
+    # tied: no lm_head tensor; 1,030 x 896 = 922,880, + 357,897,216 (layers) + 896 (final norm) = 358,820,992
+    assert sum(t.numel() for t in tensors.values()) == qwen2_params(1030, 896, 4864, 24, 14, 2) == 358_820_992
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
     # same seed, same weights: a second build in another cache equals the first
     monkeypatch.setenv("MGRPO_VERL_CACHE", str(tmp_path / "again"))
