@@ -11,18 +11,23 @@ model on the FLASH_ATTN backend: found by importing, then a few binaries dropped
     # on the GPU machine: every part's and the whole archive's SHA-256 checked, else a loud failure
     python3 recipes/vllm_closure.py join --out /tmp/vllm.tar.xz
 
-``recipes/gpu_carry.sh pack --vllm`` runs both. ``trace`` imports :data:`ENTRY_MODULES` (the modules verl's vLLM
+``recipes/gpu_carry.sh pack --vllm`` runs them all. ``trace`` imports :data:`ENTRY_MODULES` (the modules verl's vLLM
 server, worker extension and vLLM's engine, worker, model runner, Qwen2 model, FLASH_ATTN backend, sleep-mode
 allocator and LoRA manager import), resolves Qwen2 through vLLM's model registry and records: every module
 imported (name and file), every compiled extension whose load was attempted (CPU torch here cannot load the
 CUDA 13 / torch 2.11 extensions: a failed extension is replaced by an empty module so the trace goes on, and
-the record says so), and the distribution of every non-vLLM module (what the GPU image must have or get).
+the record says so), and the distribution of every non-vLLM module (what the GPU image must have or get). It
+runs in two interpreters (:func:`minimal_trace`): the second blocks every candidate distribution and unblocks
+those whose absence fails an entry, so what vLLM imports only inside a ``try`` (cv2, OpenTelemetry's exporters,
+...) is not carried. The trace runs without a GPU by answering vLLM's questions as an H100 would
+(:func:`_fake_gpu`, the ``vllm.platforms`` hook in :class:`_Recorder`); nothing of that reaches the GPU machine.
 
 What the trace cannot decide (no CUDA here), decided statically in :data:`STATIC_DROPS` with the line of vLLM
 that grounds it: FA2 (Hopper picks FA3, ``fa_utils.get_flash_attn_version``) and the MoE kernels (loaded in a
 ``try`` by ``CudaPlatform.import_kernels``; a dense model calls none of them). Every Python file of the wheel
 is kept (about 20 MiB unpacked, 5 compressed): a lazy import the trace missed must not fail on the GPU.
-Binaries the trace never attempted (``vllm-rs``, FlashMLA, DeepGEMM, ...) are dropped.
+Binaries the trace never attempted (``vllm-rs``, FlashMLA, DeepGEMM, ...) and data files of packages it never
+imported (DeepGEMM's and fmha_sm100's CUDA headers) are dropped.
 """
 
 from __future__ import annotations
@@ -155,10 +160,6 @@ class _Recorder(importlib.abc.MetaPathFinder):
 
         spec.loader = Loader()
         return spec
-
-
-def _distribution_of(files_to_dist: dict[str, tuple[str, str]], module_file: str) -> tuple[str, str] | None:
-    return files_to_dist.get(str(Path(module_file).resolve()))
 
 
 #: Entries whose import cannot finish without a CUDA runtime, and the error that says so; the modules they import
@@ -295,7 +296,7 @@ def trace(vllm_dir: Path, blocked: dict[str, str] | None = None) -> dict:
         if path.is_relative_to(Path(sys.base_prefix).resolve() / "lib"):
             if "site-packages" not in path.parts:
                 continue  # the standard library
-        owner = _distribution_of(files_to_dist, file)
+        owner = files_to_dist.get(str(Path(file).resolve()))
         if owner is None:
             unowned.add(name.split(".")[0])
         else:
