@@ -40,16 +40,19 @@ STAGES: dict[str, str] = {
     "B1": "verl FSDP actor (CUDA) + vLLM rollout; one model (the sub-agent shares main's model)",
     "B2": "verl FSDP actor (CUDA) + vLLM rollout; two models on one GPU (shared placement)",
     "B3": "B2 with both agents as LoRA adapters on one base: one vLLM engine serves both adapters (vLLM's multi-LoRA)",
+    "T1": "throughput, stock: python -m verl.trainer.main_ppo GRPO, one model, vLLM, fixed-length responses",
+    "T2": "throughput, ours: M-GRPO relay, two models of T1's size on one GPU (shared placement), vLLM each",
     # on CPU (MGRPO_SMOKE_DEVICE=cpu) every stage runs the same plumbing on the CPU platform; B with vLLM's CPU build
 }
 #: (two-agent stage, one-agent stage): same task, same model size, same rows per step.
-PAIRS: tuple[tuple[str, str], ...] = (("A2", "A1"), ("B2", "B1"))
+PAIRS: tuple[tuple[str, str], ...] = (("A2", "A1"), ("B2", "B1"), ("T2", "T1"))
 #: The bar for a two-model step against the one-model step.
 RATIO_BAR = 2.2
 #: Step phases reported, as verl's ``timing_s/<phase>`` or our ``timing_s/agent/<name>/<phase>``.
 PHASES: tuple[str, ...] = ("gen", "old_log_prob", "update_actor", "update_weights")
 #: Packages each stage imports; ``vllm`` only for the B stages.
 REQUIRED = {"A": ("torch", "ray", "verl", "transformers"), "B": ("torch", "ray", "verl", "transformers", "vllm")}
+REQUIRED["T"] = REQUIRED["B"]
 INSTALL_HINT = (
     "install the GPU environment offline first: bash recipes/gpu_install.sh --wheelhouse DIR (makes .venv-gpu, "
     "which the kit then uses; DIR built by recipes/gpu_wheelhouse.sh; see docs/results/gpu.md)"
