@@ -239,17 +239,22 @@ def _agent_socket_pairs(vllm, monkeypatch, ray_job, agent_config, n_gpus: int) -
 
 # --------------------------------------------------------------------------------------------------- fix 1
 
+#: the relay's 16 rows per model over 4 GPUs: 4 per GPU, micro-batches of 4 (the plan refuses a partial one)
+FOUR_PER_GPU = ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+
 LAYOUTS = {
     # name: (overrides, GPUs of each agent, expected replica offsets)
     "1 GPU per agent": ((), {"main": 1, "sub": 1}, {"main": 0, "sub": 1}),
     "4+4 GPUs, TP=1": (
-        ("trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4", "multi_agent.agents.sub.n_gpus_per_node=4"),
+        ("trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4", "multi_agent.agents.sub.n_gpus_per_node=4",
+         *FOUR_PER_GPU),
         {"main": 4, "sub": 4},
         {"main": 0, "sub": 4},
     ),
     "4+4 GPUs, TP=2": (
         ("trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4", "multi_agent.agents.sub.n_gpus_per_node=4",
-         "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
+         "actor_rollout_ref.rollout.tensor_model_parallel_size=2", *FOUR_PER_GPU),
         {"main": 4, "sub": 4},
         {"main": 0, "sub": 2},
     ),
@@ -364,9 +369,7 @@ def test_decoupled_sides_on_one_host_use_different_sockets(vllm, monkeypatch, ra
 
 def test_side_offsets_count_the_other_sides_gpus():
     cfg = _compose("mgrpo_trainer", "task=relay", "trainer.n_gpus_per_node=8", "multi_agent.agents.main.n_gpus_per_node=4",
-                   "multi_agent.agents.sub.n_gpus_per_node=4",  # 16 rows over 4 GPUs: micro-batches of 4
-                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
+                   "multi_agent.agents.sub.n_gpus_per_node=4", *FOUR_PER_GPU)
     ma = build_plan(cfg).multi_agent
     assert agents.side_replica_offsets(ma, {"main": 2, "sub": 2}) == {"main": 0, "sub": 2}  # synchronous: as before
     assert agents.side_replica_offsets(ma, {"sub": 2}) == {"main": 0, "sub": 4}  # sub side: main has at most 4
