@@ -315,7 +315,7 @@ SEAMS: tuple[Seam, ...] = (
          params=("self", "prompt_ids", "sampling_params", "request_id", "image_data", "video_data", "audio_data",
                  "mm_processor_kwargs", "priority", "kv_transfer_params"),
          sha256="383d680001635a761bd8a91534ae6c8a40c9aa970dcaced147a1a708af689db6",
-         recheck="vllm_lora._AdapterEngine: that verl's generate still calls self.engine.generate(..., "
+         recheck="vllm_rollout/lora.py _AdapterEngine: that verl's generate still calls self.engine.generate(..., "
                  "lora_request=...) in the calling task, once per request, and takes no lora_name", requires="vllm"),
 )
 

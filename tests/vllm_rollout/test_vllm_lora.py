@@ -16,7 +16,7 @@ from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension 
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer  # noqa: E402
 from verl.workers.rollout.vllm_rollout.vllm_rollout import ServerAdapter  # noqa: E402
 
-from mgrpo_verl import vllm_lora  # noqa: E402
+from mgrpo_verl.vllm_rollout import lora as vllm_lora  # noqa: E402
 
 TABLE = {"host": "main", "ids": {"main": 1, "sub": 2}, "max_rank": 8}
 
