@@ -6,8 +6,9 @@ What differs from ``python -m verl.trainer.main_ppo``:
    ``multi_agent:``: M-GRPO with one model per agent, our ``mgrpo`` trainer, or the decoupled side that
    ``multi_agent.decoupled.role`` names; ``--config-name single_agent`` is verl's own GRPO trainer with one
    model), resolved once here, which builds the built-in model and data on first use;
-2. on the CPU platform Ray runs in a private temporary directory with no auth token in the user's home,
-   with enough logical CPUs, and every Ray worker selects the CPU platform;
+2. on the CPU platform Ray runs in a private temporary directory, with token authentication (the token
+   in that directory, not the user's home) and on loopback only, with enough logical CPUs, and every Ray
+   worker selects the CPU platform;
 3. Ray is shut down on success, on error and on Ctrl-C;
 4. the run ends with one summary line read from the per-step metrics file.
 
@@ -58,13 +59,13 @@ def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
 
     ours = not ray.is_initialized()
 
-    from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
+    from mgrpo_verl.platform.ray_session import private_temp_dir, ray_cpu_env, ray_environ
 
     with ExitStack() as stack:
         if on_cpu:
             tmp = stack.enter_context(private_temp_dir())
             env = {**ray_cpu_env(tmp), "MGRPO_VERL_DEVICE": "cpu", **env}
-        stack.enter_context(patched_environ(env))
+        stack.enter_context(ray_environ(env))
         try:
             yield
         finally:
