@@ -219,6 +219,10 @@ class DecoupledConfig(BaseConfig):
     serve_port: int = 8470
     """Sub side: its TCP port."""
 
+    secret_file: Optional[str] = None
+    """File holding the secret both sides share (at least 16 characters; the sub side's service refuses callers
+    without it); null: the environment variable ``MGRPO_DECOUPLED_SECRET``. One of the two is required with a role."""
+
     wait_timeout_s: float = 60.0
     """Sub side: how long a sub row may wait for its parent's main score before ``missing_policy``
     applies to it (bounded, so a dead main side stalls nothing for long)."""
@@ -262,6 +266,10 @@ class DecoupledConfig(BaseConfig):
             if not re.fullmatch(r"https?://[^/\s]+/?", url):
                 raise ValueError(f"{p}.sub_urls.{name} must be a base URL such as http://host:8470, got {url!r}")
         _set(self, "sub_urls", {k: v.rstrip("/") for k, v in urls.items()})
+        if self.role is not None:
+            from mgrpo_verl.agent_loops.remote_sub import shared_secret
+
+            shared_secret(self.secret_file, f"{p}.secret_file")  # ValueError naming the key when there is none
         if self.role is not None and (not isinstance(self.store, str) or not re.match(r"(sqlite|redis|rediss)://", self.store)):
             raise ValueError(
                 f"{p}.store must be the store's URL (sqlite:///abs/path.db or redis://host:port/db) when role is "

@@ -39,6 +39,18 @@ from e2e import (  # noqa: E402
 )
 
 
+#: The secret the decoupled sides of these tests share (docs/decoupled.md): exported for every test here, so that
+#: configs with a role parse and the runs they start (which inherit the environment) find it.
+TEST_SECRET = "tests-decoupled-secret-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def decoupled_secret(monkeypatch):
+    from mgrpo_verl.agent_loops.remote_sub import SECRET_ENV
+
+    monkeypatch.setenv(SECRET_ENV, TEST_SECRET)
+
+
 @pytest.fixture
 def main_ppo(tmp_path) -> MainPPO:
     """``main_ppo(name, *overrides, timeout=900, config=None, env=None) -> Run`` in ``tmp_path`` (see
@@ -113,8 +125,12 @@ def decoupled_on_two_machines(tmp_path_factory) -> DecoupledRun:
     main_ppo = MainPPO(tmp_path_factory.mktemp("decoupled"))
     port = free_port()
     db = main_ppo.root / "stats.db"
+    secret = main_ppo.root / "secret"  # the two machines' copies of one file
+    secret.write_text(TEST_SECRET)
+    secret.chmod(0o600)
     common = (f"multi_agent.decoupled.store=sqlite:///{db}", f"trainer.total_training_steps={DECOUPLED_STEPS}",
-              "trainer.n_gpus_per_node=1", f"multi_agent.d_max={DECOUPLED_D_MAX}")
+              "trainer.n_gpus_per_node=1", f"multi_agent.d_max={DECOUPLED_D_MAX}",
+              f"multi_agent.decoupled.secret_file={secret}")
 
     def start(side: str, machine, *overrides: str):
         return main_ppo.start(side, f"multi_agent.decoupled.role={side}", *common, *overrides,
