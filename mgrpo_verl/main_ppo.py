@@ -9,9 +9,9 @@ What differs from ``python -m verl.trainer.main_ppo`` (:func:`run` numbers the s
 2. before Ray starts: the run's plan (:mod:`mgrpo_verl.config.plan`), every check that can refuse the config
    (:mod:`mgrpo_verl.launcher.preflight`), then the warm start the config names, built when not cached
    (:mod:`mgrpo_verl.launcher.warm_start`);
-3. on the CPU platform Ray runs in a private temporary directory with no auth token in the user's home,
-   with enough logical CPUs, and every Ray worker selects the CPU platform; Ray is shut down on success, on
-   error and on Ctrl-C;
+3. on the CPU platform Ray runs in a private temporary directory, with token authentication (the token
+   in that directory, not the user's home) and on loopback only, with enough logical CPUs, and every Ray
+   worker selects the CPU platform; Ray is shut down on success, on error and on Ctrl-C;
 4. the run ends with one summary line read from the per-step metrics file.
 
 Everything else (Ray single controller, TransferQueue, agent loop, FSDP2 workers, reward loop, weight
@@ -57,13 +57,13 @@ def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
 
     ours = not ray.is_initialized()
 
-    from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
+    from mgrpo_verl.platform.ray_session import private_temp_dir, ray_cpu_env, ray_environ
 
     with ExitStack() as stack:
         if on_cpu:
             tmp = stack.enter_context(private_temp_dir())
             env = {**ray_cpu_env(tmp), "MGRPO_VERL_DEVICE": "cpu", **env}
-        stack.enter_context(patched_environ(env))
+        stack.enter_context(ray_environ(env))
         try:
             yield
         finally:

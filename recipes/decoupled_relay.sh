@@ -8,9 +8,12 @@
 #   STEPS=30 STORE=redis://127.0.0.1:6379/0 bash recipes/decoupled_relay.sh
 #   bash recipes/decoupled_relay.sh multi_agent.d_max=2     # extra Hydra overrides go to both sides
 #
-# On two machines: run the two commands below on each, with serve_host=0.0.0.0 on the sub side, the sub
-# machine's address in sub_urls on the main side, and a store both reach (Redis, or SQLite on a local
-# disk of one machine is not enough: use Redis across machines).
+# Both sides share a secret that the sub side's HTTP service requires of every request: the recipe makes one
+# for the run unless MGRPO_DECOUPLED_SECRET is exported already.
+#
+# On two machines: see docs/multinode.md ("Decoupled M-GRPO across machines"): the same secret on both, the
+# sub side reached through an SSH tunnel (or a TLS proxy), and a store both reach (Redis with requirepass and
+# MGRPO_REDIS_PASSWORD; SQLite on a local disk of one machine is not enough).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$MGRPO_ROOT"
@@ -19,6 +22,10 @@ STEPS="${STEPS:-10}"
 PORT="${PORT:-8470}"
 STORE="${STORE:-sqlite:///$RUN/stats.db}"
 mkdir -p "$RUN"
+if [ -z "${MGRPO_DECOUPLED_SECRET:-}" ]; then
+  MGRPO_DECOUPLED_SECRET="$(python -c 'import secrets; print(secrets.token_hex(32))')"
+fi
+export MGRPO_DECOUPLED_SECRET
 common=(task=relay multi_agent.decoupled.store="$STORE" trainer.total_training_steps="$STEPS" trainer.n_gpus_per_node=1 "$@")
 
 python -m mgrpo_verl.main_ppo multi_agent.decoupled.role=sub multi_agent.decoupled.serve_port="$PORT" \

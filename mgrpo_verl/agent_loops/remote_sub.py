@@ -6,7 +6,8 @@ produced (tokens never leave it) and trains on them. The main side's agent loops
 :class:`RemoteSubAgent`, one per sub-agent, which is what ``MultiAgentLLMClient.for_agent(sub)``
 returns there.
 
-HTTP endpoints of a sub side (:mod:`mgrpo_verl.agent_loops.sub_service`), JSON bodies:
+HTTP endpoints of a sub side (:mod:`mgrpo_verl.agent_loops.sub_service`), JSON bodies, each only for a caller
+that presents the shared secret (``Authorization: Bearer <secret>``, :func:`shared_secret`; 401 otherwise):
 
 * ``GET /health`` -> ``{"agent", "policy_version", "pending_rows", "validating"}``;
 * ``POST /v1/sub_call`` :class:`SubCallRequest` -> :class:`SubCallReply`; an error answers with a
@@ -18,6 +19,9 @@ HTTP endpoints of a sub side (:mod:`mgrpo_verl.agent_loops.sub_service`), JSON b
 Only text and ids cross: the request carries the chat messages (the sub side applies its own chat
 template) and what the sub-agent's local reward needs (``ground_truth``); the reply carries the text the
 main agent sees.
+
+The secret travels in plain HTTP: across machines, put the service behind a tunnel or TLS (docs/decoupled.md,
+docs/security.md "Network exposure").
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 import urllib.error
 import urllib.request
@@ -37,8 +42,51 @@ CALL_PATH = "/v1/sub_call"
 MODE_PATH = "/v1/mode"
 
 
+#: The environment variable that holds the shared secret when ``multi_agent.decoupled.secret_file`` is null.
+SECRET_ENV = "MGRPO_DECOUPLED_SECRET"
+#: Shortest secret accepted (characters).
+MIN_SECRET_CHARS = 16
+#: How to make one (the message of a missing or short secret says it).
+SECRET_HINT = "python -c 'import secrets; print(secrets.token_hex(32))'"
+
+
+def shared_secret(secret_file: str | None, key: str = "multi_agent.decoupled.secret_file",
+                  environ: dict | os._Environ | None = None) -> str:
+    """The secret both decoupled sides share: the content of ``secret_file`` (whitespace stripped) when it is set,
+    else ``$MGRPO_DECOUPLED_SECRET``. ``ValueError`` naming ``key`` and the variable when there is none or it is
+    shorter than :data:`MIN_SECRET_CHARS`: the sub side's service never runs open."""
+    environ = os.environ if environ is None else environ
+    if secret_file:
+        path = os.path.expanduser(str(secret_file))
+        try:
+            with open(path) as f:
+                secret, source = f.read().strip(), f"{key}={secret_file}"
+        except OSError as err:
+            raise ValueError(f"{key}={secret_file!r}: cannot read the shared secret: {err}") from None
+    else:
+        secret, source = environ.get(SECRET_ENV, "").strip(), f"${SECRET_ENV}"
+        if not secret:
+            raise ValueError(
+                f"decoupled M-GRPO needs a secret shared by both sides (the sub side's service refuses callers without "
+                f"it): set {key} to a file holding it, or export {SECRET_ENV}; make one with {SECRET_HINT}"
+            )
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ValueError(f"{source}: the shared secret has {len(secret)} characters, fewer than {MIN_SECRET_CHARS}; "
+                         f"make one with {SECRET_HINT}")
+    return secret
+
+
+def bearer(secret: str) -> dict[str, str]:
+    """The request header that presents ``secret``."""
+    return {"Authorization": f"Bearer {secret}"}
+
+
 class RemoteCallError(RuntimeError):
     """A sub side answered a call with an error, or could not be reached."""
+
+
+class RemoteAuthError(RemoteCallError):
+    """A sub side refused our secret (401): the two sides were given different ones."""
 
 
 def _require(cond: bool, message: str) -> None:
@@ -124,17 +172,20 @@ class SubCallReply:
 class RemoteSubAgent:
     """The main side's client of one sub-agent served by a sub side at ``url``.
 
-    Picklable (it travels to verl's agent-loop worker processes); each call opens its own HTTP session
-    in the caller's event loop. ``timeout_s`` bounds one call, waiting at the sub side's gate included
-    (it closes while the sub side trains).
+    Picklable (it travels to verl's agent-loop worker processes, through Ray, which authenticates its peers);
+    each call opens its own HTTP session in the caller's event loop. ``timeout_s`` bounds one call, waiting at
+    the sub side's gate included (it closes while the sub side trains). Every request presents ``secret``.
     """
 
-    def __init__(self, agent: str, url: str, timeout_s: float):
+    def __init__(self, agent: str, url: str, timeout_s: float, secret: str):
         _require(isinstance(agent, str) and bool(agent), f"RemoteSubAgent: agent must be a non-empty string, got {agent!r}")
         _require(isinstance(url, str) and url.startswith(("http://", "https://")), f"RemoteSubAgent: bad url {url!r}")
         _require(isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0,
                  f"RemoteSubAgent: timeout_s must be > 0, got {timeout_s!r}")
+        _require(isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS,
+                 f"RemoteSubAgent: secret must be a string of at least {MIN_SECRET_CHARS} characters")
         self.agent, self.url, self.timeout_s = agent, url.rstrip("/"), float(timeout_s)
+        self._headers = bearer(secret)
 
     def __repr__(self) -> str:
         return f"RemoteSubAgent({self.agent!r}, {self.url!r})"
@@ -146,11 +197,12 @@ class RemoteSubAgent:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.post(self.url + CALL_PATH, json=request.to_json()) as response:
+                async with session.post(self.url + CALL_PATH, json=request.to_json(), headers=self._headers) as response:
                     body = await response.json(content_type=None)
                     if response.status != 200:
                         message = body.get("error") if isinstance(body, dict) else body
-                        raise RemoteCallError(f"sub side {self.url} answered {response.status}: {message}")
+                        error = RemoteAuthError if response.status == 401 else RemoteCallError
+                        raise error(f"sub side {self.url} answered {response.status}: {message}")
         except (aiohttp.ClientError, json.JSONDecodeError) as err:
             raise RemoteCallError(f"sub side {self.url} unreachable or garbled: {type(err).__name__}: {err}") from None
         try:
@@ -162,13 +214,14 @@ class RemoteSubAgent:
 
     def _request(self, path: str, body: dict | None = None, timeout_s: float = 10.0) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"},
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json", **self._headers},
                                      method="GET" if body is None else "POST")
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as response:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as err:
-            raise RemoteCallError(f"sub side {self.url}{path} answered {err.code}: {err.read().decode(errors='replace')}") from None
+            error = RemoteAuthError if err.code == 401 else RemoteCallError
+            raise error(f"sub side {self.url}{path} answered {err.code}: {err.read().decode(errors='replace')}") from None
         except (urllib.error.URLError, OSError, json.JSONDecodeError) as err:
             raise RemoteCallError(f"sub side {self.url}{path} unreachable: {err}") from None
 
@@ -176,7 +229,8 @@ class RemoteSubAgent:
         return self._request(HEALTH_PATH, timeout_s=timeout_s)
 
     def wait_ready(self, timeout_s: float, poll_s: float = 1.0) -> dict:
-        """Poll ``/health`` until the sub side answers for this agent; ``TimeoutError`` after ``timeout_s``."""
+        """Poll ``/health`` until the sub side answers for this agent; ``TimeoutError`` after ``timeout_s``;
+        :class:`RemoteAuthError` at once when it refuses our secret."""
         deadline = time.monotonic() + timeout_s
         last: Exception | None = None
         while True:
@@ -185,6 +239,9 @@ class RemoteSubAgent:
                 if health.get("agent") != self.agent:
                     raise RemoteCallError(f"sub side {self.url} serves agent {health.get('agent')!r}, not {self.agent!r}")
                 return health
+            except RemoteAuthError as err:
+                raise RemoteAuthError(f"{err} (both sides need the same secret: multi_agent.decoupled.secret_file "
+                                      f"or ${SECRET_ENV})") from None
             except RemoteCallError as err:
                 if "serves agent" in str(err):
                     raise

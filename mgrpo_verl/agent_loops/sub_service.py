@@ -12,11 +12,17 @@ Gate: the trainer closes it (:meth:`SubAgentService.pause`) before its replicas 
 opens it (:meth:`SubAgentService.resume`) after the weight sync; calls that arrive in between wait
 (the main side's ``delegation.timeout_s`` bounds the wait). While the main side validates
 (``POST /v1/mode``), calls sample with the validation settings and keep no row.
+
+Closed to strangers (docs/security.md "Network exposure"): every request must present the secret the two sides
+share (``Authorization: Bearer``, compared in constant time; 401 before the body is read), and at most
+``max_inflight`` calls are admitted at once, waiting at the gate included (503 beyond): each call is a real
+generation and a training row, and ``/v1/mode`` stops or starves the sub side's training.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
 import logging
 import time
@@ -25,7 +31,7 @@ from typing import Any
 
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from mgrpo_verl.agent_loops.remote_sub import CALL_PATH, HEALTH_PATH, MODE_PATH, SubCallRequest
+from mgrpo_verl.agent_loops.remote_sub import CALL_PATH, HEALTH_PATH, MIN_SECRET_CHARS, MODE_PATH, SubCallRequest, bearer
 from mgrpo_verl.rowmeta import RowMeta
 
 logger = logging.getLogger(__name__)
@@ -33,6 +39,9 @@ logger = logging.getLogger(__name__)
 #: Sessions of rows written by the service start here, far above any rollout index, so that a sub row's
 #: key ``{uid}_{session}_0`` never meets the keys of the main side's sessions (or their aligned copies).
 SESSION_BASE = 1_000_000
+#: Calls admitted at once (waiting at the gate or generating); more are answered 503. Far above what a main side's
+#: agent loops have in flight (one call per trajectory at a time), low enough that a flood queues no unbounded work.
+MAX_INFLIGHT = 1024
 
 
 @dataclass(frozen=True)
@@ -70,15 +79,20 @@ class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
         self._gate.set()
         self._sessions = itertools.count(SESSION_BASE)
         self._runner = None
-        self.calls = {"served": 0, "failed": 0, "refused": 0, "validation": 0}
+        self.calls = {"served": 0, "failed": 0, "refused": 0, "validation": 0, "unauthorized": 0, "overloaded": 0}
 
     # ---------------------------------------------------------------------------------------- HTTP
 
-    async def start(self, host: str, port: int) -> str:
-        """Listen on ``host:port``; returns the base URL."""
+    async def start(self, host: str, port: int, secret: str, max_inflight: int = MAX_INFLIGHT) -> str:
+        """Listen on ``host:port`` for callers presenting ``secret``, admitting ``max_inflight`` calls at once;
+        returns the base URL."""
         from aiohttp import web
 
-        app = web.Application()
+        if not isinstance(secret, str) or len(secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"SubAgentService.start: the secret must be a string of at least {MIN_SECRET_CHARS} characters")
+        self._expected = bearer(secret)["Authorization"].encode()
+        self.max_inflight, self.admitted = int(max_inflight), 0
+        app = web.Application(middlewares=[self._authenticate])
         app.router.add_get(HEALTH_PATH, self._health)
         app.router.add_post(CALL_PATH, self._call)
         app.router.add_post(MODE_PATH, self._mode)
@@ -93,6 +107,18 @@ class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def _authenticate(self, request, handler):
+        """aiohttp middleware: 401 unless the request presents the shared secret (before its body is read)."""
+        from aiohttp import web
+
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, self._expected):
+            self.calls["unauthorized"] += 1
+            return web.json_response({"error": "unauthorized: present the shared secret (Authorization: Bearer)"}, status=401)
+        return await handler(request)
+
+    _authenticate.__middleware_version__ = 1  # what aiohttp's @web.middleware marks: (request, handler) signature
 
     async def _health(self, request):
         from aiohttp import web
@@ -131,16 +157,24 @@ class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
         if call.agent != self.agent:
             self.calls["refused"] += 1
             return web.json_response({"error": f"this sub side serves agent {self.agent!r}, not {call.agent!r}"}, status=404)
-        await self._gate.wait()
-        self.inflight += 1
+        if self.admitted >= self.max_inflight:
+            self.calls["overloaded"] += 1
+            return web.json_response({"error": f"{self.admitted} calls in flight already, the most this sub side admits"},
+                                     status=503, headers={"Retry-After": "1"})
+        self.admitted += 1
         try:
-            reply = await self._serve(call)
-        except Exception as err:
-            self.calls["failed"] += 1
-            logger.warning("sub call %s failed: %r", call.traj_id, err)
-            return web.json_response({"error": f"{type(err).__name__}: {err}"}, status=500)
+            await self._gate.wait()
+            self.inflight += 1
+            try:
+                reply = await self._serve(call)
+            except Exception as err:
+                self.calls["failed"] += 1
+                logger.warning("sub call %s failed: %r", call.traj_id, err)
+                return web.json_response({"error": f"{type(err).__name__}: {err}"}, status=500)
+            finally:
+                self.inflight -= 1
         finally:
-            self.inflight -= 1
+            self.admitted -= 1
         return web.json_response(reply)
 
     # ------------------------------------------------------------------------------------- serving

@@ -258,6 +258,10 @@ class DecoupledConfig(BaseConfig):
     serve_port: int = 8470
     """Sub side: its TCP port."""
 
+    secret_file: Optional[str] = None
+    """File holding the secret both sides share (at least 16 characters; the sub side's service refuses callers
+    without it); null: the environment variable ``MGRPO_DECOUPLED_SECRET``. One of the two is required with a role."""
+
     wait_timeout_s: float = 60.0
     """Sub side: how long a sub row may wait for its parent's main score before ``missing_policy``
     applies to it (bounded, so a dead main side stalls nothing for long)."""

@@ -50,8 +50,11 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
     if plan.multi_agent is None:
         return
     if plan.multi_agent.decoupled.role is not None:
+        from mgrpo_verl.agent_loops.remote_sub import shared_secret
         from mgrpo_verl.store.factory import check_store_reachable
 
+        # both sides need the secret the sub side's service checks (a file or $MGRPO_DECOUPLED_SECRET)
+        shared_secret(plan.multi_agent.decoupled.secret_file, "multi_agent.decoupled.secret_file")
         check_store_reachable(plan.multi_agent.decoupled.store, "multi_agent.decoupled.store")
     # a layout that cannot fit in GPU memory, refused with the figures (a warm start not built yet: its base's size)
     bases = {name: pending[path] for name, cfg in plan.local_configs.items()

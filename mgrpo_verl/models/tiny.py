@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -120,12 +121,15 @@ def _locked(path: Path):
 
 
 def build_once(target: Path, build) -> Path:
-    """Run ``build(tmp_dir)`` unless ``target`` exists; publish atomically with a rename."""
+    """Run ``build(tmp_dir)`` unless ``target`` exists; publish atomically with a rename. Temporary folders of
+    ``target`` found while holding its lock are a killed build's (only the lock's holder makes one): removed."""
     if target.is_dir():
         return target
     with _locked(target.with_name(target.name + ".lock")):
         if target.is_dir():  # built by someone else while we waited
             return target
+        for stale in target.parent.glob(glob.escape(target.name) + ".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
         try:
             build(tmp)

@@ -9,7 +9,14 @@ Why each setting (measured with Ray 2.60 on a 2-core machine, docs/cpu.md):
   worker (``trainer.n_gpus_per_node``).
 - ``RAY_TMPDIR`` / ``_temp_dir``: a private temporary directory (removed on exit) instead of
   Ray's default under the system temp dir; the path is kept short because Ray's Unix socket paths must stay under 108 bytes.
-- ``RAY_AUTH_MODE=disabled``: otherwise Ray 2.60 may write an auth token under ``~/.ray``.
+- closed to the network (docs/security.md "Network exposure"): ``RAY_AUTH_MODE=token`` with the token in
+  the private temporary directory (``RAY_AUTH_TOKEN_PATH``, file 0600, 256 random bits; Ray's default
+  would write it under ``~/.ray``), so that a process without it cannot join the cluster and run tasks;
+  ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, so that the node's address is ``127.0.0.1``: Ray's GCS, raylet,
+  workers and agents then listen on loopback only, and so do TransferQueue's controller and storage units
+  (they bind the node's address, and unpickle what they receive before any check). A token that is
+  already exported (``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``: the cluster's, for a driver that joins
+  one) is kept.
 - ``RAY_USAGE_STATS_ENABLED=0``: no usage-stats file or network attempt.
 - ``TMPDIR`` = the same directory, for the processes Ray starts: Python's ``multiprocessing`` (used by
   torch and verl inside workers) leaves ``pymp-*`` directories behind when Ray kills a worker at
@@ -18,7 +25,9 @@ Why each setting (measured with Ray 2.60 on a 2-core machine, docs/cpu.md):
   = the physical cores, ``RAY_prestart_worker_first_driver=0``.
 
 The environment variables are set for the duration of the session (Ray's worker processes inherit them
-from the driver, so verl's Ray actors see them too) and restored afterwards.
+from the driver, so verl's Ray actors see them too) and restored afterwards. Ray reads the authentication
+and cluster settings once, when it is imported; :func:`ray_environ` makes an already imported Ray read them
+again (``patches/README.md``, ``ray-2.60-reread-settings``).
 
 Joining an existing cluster (``ray start`` on each node, docs/multinode.md) is different in two ways, both
 handled by :func:`ray_init_for_existing_cluster`: Ray refuses ``num_cpus`` / ``num_gpus`` from a driver that
@@ -30,7 +39,9 @@ their ``ray start``, not the driver's, so what verl's actors must see goes throu
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -51,21 +62,47 @@ class RayCpuSession:
     address: str | None = None
 
 
+#: The file in a session's private temporary directory that holds its Ray authentication token.
+AUTH_TOKEN_FILE = "auth_token"
+#: Exported by a user whose driver joins a cluster: that cluster's token, which :func:`ray_auth_env` keeps.
+TOKEN_ENV_KEYS = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
 def ray_cpu_env(temp_dir: str) -> dict[str, str]:
-    """Environment variables for a Ray (or ``python -m verl.trainer.main_ppo``) run on CPU.
+    """Environment variables for a Ray (or ``python -m verl.trainer.main_ppo``) run on CPU; writes the
+    session's token into ``temp_dir`` when :func:`ray_auth_env` needs one.
 
     The platform choice is not among them: the CPU platform selects itself when no accelerator is
     present; on a machine with one, export ``MGRPO_VERL_DEVICE=cpu`` before ``import verl``.
     """
     return {
         "RAY_TMPDIR": temp_dir,
-        "RAY_AUTH_MODE": "disabled",
+        **ray_auth_env(temp_dir),
+        # Ray then takes 127.0.0.1 as the node's address and listens on loopback only (not "clusters": the
+        # setting's name is Ray's, which uses loopback on Windows and macOS)
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
         "TMPDIR": temp_dir,
         # vLLM's CPU build keeps its linear weights reloadable (patch vllm-cpu-linear-weights)
         "MGRPO_VLLM_CPU_RELOADABLE": "1",
         **cpu_sizing_env(),
     }
+
+
+def ray_auth_env(temp_dir: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Ray's token authentication: ``RAY_AUTH_MODE=token``, and the token in ``<temp_dir>/auth_token``
+    (created now, mode 0600, when missing) unless ``environ`` (default: ``os.environ``) exports one
+    (:data:`TOKEN_ENV_KEYS`: a cluster's token, which a driver joining that cluster must present)."""
+    environ = os.environ if environ is None else environ
+    env = {"RAY_AUTH_MODE": "token"}
+    if not any(environ.get(key) for key in TOKEN_ENV_KEYS):
+        path = os.path.join(temp_dir, AUTH_TOKEN_FILE)
+        if not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        env["RAY_AUTH_TOKEN_PATH"] = path
+    return env
 
 
 def physical_cores() -> int:
@@ -111,6 +148,44 @@ def patched_environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = old
+
+
+@contextmanager
+def ray_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """:func:`patched_environ` for Ray's settings: on entry and on exit, an already imported Ray of this
+    process (one that is not running) reads again what it reads from the environment at import time: its
+    configuration (the authentication mode), its cached token, and whether it uses a routable node address
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``). Processes that Ray starts import it afresh and need nothing."""
+    try:
+        with patched_environ(values):
+            _reread_ray_settings()
+            yield
+    finally:
+        _reread_ray_settings()
+
+
+def _reread_ray_settings() -> None:
+    """What a fresh ``import ray`` would read from the environment now (patch ``ray-2.60-reread-settings``)."""
+    if "ray" not in sys.modules:
+        return  # the import, when it comes, reads the environment itself
+    import ray
+
+    if ray.is_initialized():
+        return  # not ours to reconfigure while it runs
+    try:
+        from ray._private import ray_constants
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        ray_constants.ENABLE_RAY_CLUSTER = ray_constants.env_bool(
+            ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, not ray_constants.IS_WINDOWS_OR_OSX
+        )
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError) as err:  # a Ray other than 2.60: refuse rather than run open
+        raise RuntimeError(
+            f"Ray {ray.__version__}: cannot make the imported Ray read its authentication and node-address settings "
+            f"again ({err}); see patches/README.md, ray-2.60-reread-settings"
+        ) from err
 
 
 #: Ray puts sockets at ``<temp dir>/session_<date>_<time>_<pid>/sockets/plasma_store`` and Unix socket
@@ -167,7 +242,7 @@ def ray_cpu_session(
         raise RuntimeError("ray_cpu_session: Ray is already initialized in this process")
     with private_temp_dir(base=None, keep=keep_temp_dir) if temp_dir is None else _existing(temp_dir) as tmp:
         session_env = {**ray_cpu_env(tmp), **(env or {})}
-        with patched_environ(session_env):
+        with ray_environ(session_env):
             init_kwargs.setdefault("include_dashboard", False)
             init_kwargs.setdefault("log_to_driver", True)
             try:

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from mgrpo_verl.store.base import StatStore
-from mgrpo_verl.store.redis import RedisStatStore
+from mgrpo_verl.store.redis import RedisStatStore, redacted
 from mgrpo_verl.store.sqlite import SQLiteStatStore
 
 
@@ -25,7 +25,8 @@ def open_store(url: str) -> StatStore:
       ``?synchronous=full|normal`` (default ``full``), ``busy_timeout_ms=30000``.
     - ``redis://host:port/db`` (``rediss://`` with TLS):
       :class:`mgrpo_verl.store.redis.RedisStatStore`. Parameter ``?prefix=mgrpo:`` (key namespace);
-      other query parameters go to ``redis.Redis.from_url``.
+      other query parameters go to ``redis.Redis.from_url``. A host off loopback needs a password
+      (``$MGRPO_REDIS_PASSWORD`` or in the URL).
     """
     if not isinstance(url, str):
         raise ValueError(f"open_store: url must be a str, got {type(url).__name__}")
@@ -69,8 +70,9 @@ def check_store_reachable(url: str, key: str, timeout_s: float = 2.0) -> None:
     thread = threading.Thread(target=attempt, name="mgrpo-store-probe", daemon=True)
     thread.start()
     thread.join(deadline)
+    shown = redacted(url) if isinstance(url, str) else url
     if thread.is_alive():
-        raise ValueError(f"{key}={url!r}: the store did not answer within {deadline:g} s")
+        raise ValueError(f"{key}={shown!r}: the store did not answer within {deadline:g} s")
     if "error" in outcome:
         err = outcome["error"]
-        raise ValueError(f"{key}={url!r}: cannot open the statistics store: {err}") from err
+        raise ValueError(f"{key}={shown!r}: cannot open the statistics store: {err}") from err

@@ -24,12 +24,21 @@ meanwhile, so a kill -9 or an OS crash can lose the last seconds of acknowledged
 lose the last ``mark_consumed`` under load). RDB snapshots alone (``save``) lose
 everything since the last snapshot. Opening a store warns (:class:`StoreDurabilityWarning`) when the
 server reports ``appendonly no``.
+
+**A password off loopback.** A server on another host must require a password (``requirepass``): the store
+refuses a URL to a host that is not loopback when no password comes with it, from the URL
+(``redis://:PASSWORD@host:port/db``, which then sits in the config that verl prints) or, better, from
+``$MGRPO_REDIS_PASSWORD`` (used when the URL has none). Messages show the URL with the password masked
+(:func:`redacted`). The password crosses the network in clear with ``redis://``: use ``rediss://`` (TLS) or a
+tunnel between machines (docs/security.md "Network exposure").
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from mgrpo_verl.store.base import (
@@ -43,6 +52,8 @@ from mgrpo_verl.store.base import (
 )
 
 DEFAULT_PREFIX = "mgrpo:"
+#: The password of a Redis URL that carries none.
+PASSWORD_ENV = "MGRPO_REDIS_PASSWORD"
 
 #: ids per MGET / HMGET round trip (each a few hundred bytes of reply).
 _CHUNK = 2000
@@ -92,6 +103,43 @@ for i = 1, #all, 2 do
 end
 return dropped
 """
+
+
+def is_loopback(host: str | None) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def url_password(url: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The password to send: the URL's, else ``$MGRPO_REDIS_PASSWORD``, else None. ``ValueError`` when there is
+    none and the host is not loopback: a store reachable from other machines must not be open to them."""
+    environ = os.environ if environ is None else environ
+    parts = urlsplit(url)
+    password = parts.password or environ.get(PASSWORD_ENV) or None
+    if password is None and not is_loopback(parts.hostname):
+        raise ValueError(
+            f"Redis store {redacted(url)}: the server on {parts.hostname!r} is not on this machine's loopback, and no "
+            f"password is given; run redis-server with requirepass and export {PASSWORD_ENV} (or put it in the URL, "
+            "redis://:PASSWORD@host:port/db, where the printed config shows it)"
+        )
+    return password
 
 
 class StoreDurabilityWarning(UserWarning):
@@ -144,8 +192,10 @@ class RedisStatStore(StatStore):
     @classmethod
     def from_url(cls, url: str) -> "RedisStatStore":
         """``redis://[user:password@]host:port/db[?prefix=NAME&...]``; other parameters go to
-        ``redis.Redis.from_url``."""
+        ``redis.Redis.from_url``. The password: the URL's, else ``$MGRPO_REDIS_PASSWORD``, required off loopback
+        (:func:`url_password`)."""
         redis = _import_redis()
+        password = url_password(url)
         parts = urlsplit(url)
         query = parse_qsl(parts.query, keep_blank_values=True)
         prefix = DEFAULT_PREFIX
@@ -156,9 +206,9 @@ class RedisStatStore(StatStore):
             else:
                 rest.append((name, value))
         client_url = urlunsplit(parts._replace(query=urlencode(rest)))
-        client = redis.Redis.from_url(client_url, decode_responses=True)
+        client = redis.Redis.from_url(client_url, decode_responses=True, **({"password": password} if password else {}))
         try:
-            return cls(client, prefix=prefix, url=url)
+            return cls(client, prefix=prefix, url=redacted(url))
         except BaseException:
             client.close()
             raise
@@ -253,4 +303,4 @@ class RedisStatStore(StatStore):
         super().close()
 
 
-__all__ = ["DEFAULT_PREFIX", "RedisStatStore", "StoreDurabilityWarning"]
+__all__ = ["DEFAULT_PREFIX", "PASSWORD_ENV", "RedisStatStore", "StoreDurabilityWarning", "redacted", "url_password"]

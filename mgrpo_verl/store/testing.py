@@ -77,9 +77,11 @@ class LocalRedis:
         directory: the server's ``--dir`` (AOF, log).
         appendonly: ``--appendonly yes|no``.
         appendfsync: ``always``, ``everysec`` (Redis' default) or ``no``.
+        requirepass: the password clients must give (``--requirepass``); None: none.
     """
 
-    def __init__(self, directory: str | os.PathLike, appendonly: bool = True, appendfsync: str = "everysec"):
+    def __init__(self, directory: str | os.PathLike, appendonly: bool = True, appendfsync: str = "everysec",
+                 requirepass: str | None = None):
         binary = redis_server_binary()
         if binary is None:
             raise FileNotFoundError(f"redis-server is not installed: {REDIS_INSTALL_HINT}")
@@ -88,8 +90,13 @@ class LocalRedis:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.appendfsync = appendfsync
+        self.requirepass = requirepass
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
+
+    def _auth(self) -> bytes:
+        """The AUTH command our raw PING and SHUTDOWN need first when the server requires a password."""
+        return b"" if self.requirepass is None else f"AUTH {self.requirepass}\r\n".encode()
 
     @property
     def url(self) -> str:
@@ -104,6 +111,7 @@ class LocalRedis:
                     self.binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.directory),
                     "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
                     "--save", "", "--daemonize", "no", "--logfile", "redis.log",
+                    *(("--requirepass", self.requirepass) if self.requirepass is not None else ()),
                 ],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True,  # a ^C in the terminal goes to us, we stop the server
@@ -124,8 +132,11 @@ class LocalRedis:
                 return False
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
+                    s.sendall(self._auth() + b"PING\r\n")
+                    reply = b""
+                    while b"+PONG" not in reply and b"-" not in reply and len(reply) < 64:
+                        reply += s.recv(64) or b"-"
+                    if b"+PONG" in reply:
                         return True
             except OSError:
                 pass
@@ -141,7 +152,7 @@ class LocalRedis:
         elif how == "shutdown":
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=5.0) as s:
-                    s.sendall(b"SHUTDOWN\r\n")
+                    s.sendall(self._auth() + b"SHUTDOWN\r\n")
                     s.recv(64)
             except OSError:
                 pass

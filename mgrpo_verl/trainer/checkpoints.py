@@ -8,6 +8,9 @@ silently starts from base weights. Here:
 
 - the save writes every trainable agent's actor, ``data.pt``, ``agents.json``, then a completion marker
   (:data:`MARKER`) last in the step folder, then the tracker, both atomically (temp file + ``os.replace``);
+- durable against an OS crash or power loss, not only a kill: the marker is written only once every file and
+  folder of the step is on disk (:func:`write_marker`: ``fsync`` of the tree verl and we wrote), and each atomic
+  write also flushes its folder, so the rename that publishes it survives too; verl's own save fsyncs nothing;
 - verl's per-worker pruning is off (``max_ckpt_to_keep=None``); :func:`prune` removes whole older
   *complete* step folders once the tracker names the new one, keeping the newest ``keep``;
 - resume considers complete folders only (:func:`missing_parts`); folders from before the marker existed
@@ -52,8 +55,8 @@ def step_of(folder: str) -> int | None:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """``path`` holds either its old content or ``text``, never a part: temp file in the same folder,
-    fsync, ``os.replace``."""
+    """``path`` holds either its old content or ``text``, never a part, also after an OS crash: temp file in
+    the same folder, fsync, ``os.replace``, fsync of the folder (the rename itself)."""
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
@@ -66,6 +69,36 @@ def write_atomic(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    fsync_path(folder)
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """``fsync`` a file or a folder (a folder's entries: the names created or renamed in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: str | os.PathLike) -> None:
+    """Flush everything under ``folder`` to disk: each file, then each folder deepest first, then ``folder``'s
+    own entry in its parent."""
+    dirs = []
+    for here, _subdirs, files in os.walk(folder):
+        for name in files:
+            fsync_path(os.path.join(here, name))
+        dirs.append(here)
+    for here in reversed(dirs):  # os.walk lists a folder before its subfolders
+        fsync_path(here)
+    fsync_path(os.path.dirname(os.path.abspath(folder)))
+
+
+def write_marker(folder: str, step: int, agents: list[str]) -> None:
+    """The completion marker of ``folder``, written only after everything already in it is on disk
+    (:func:`fsync_tree`): after a power loss the marker never vouches for files that did not reach the disk."""
+    fsync_tree(folder)
+    write_atomic(os.path.join(folder, MARKER), json.dumps({"global_step": step, "agents": agents}))
 
 
 def read_marker(folder: str) -> dict | None:

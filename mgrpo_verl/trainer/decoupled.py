@@ -48,7 +48,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.utils.debug import marked_timer
 
 from mgrpo_verl.config.schema import TRAINER_MODES
-from mgrpo_verl.agent_loops.remote_sub import RemoteSubAgent, RemoteCallError
+from mgrpo_verl.agent_loops.remote_sub import RemoteCallError, RemoteSubAgent, shared_secret
 # the module, not its names: sub_service imports verl's v1 trainer package, whose import hook (our plugin) may
 # import this module while sub_service is still half-imported
 from mgrpo_verl.agent_loops import sub_service
@@ -78,7 +78,8 @@ class DecoupledMainTrainer(MultiAgentTrainer):
         self.store = open_store(self.multi_agent.decoupled.store)
         d = self.multi_agent.decoupled
         timeout = self.multi_agent.delegation.timeout_s
-        self.remote = {name: RemoteSubAgent(name, url, timeout) for name, url in d.sub_urls.items()}
+        secret = shared_secret(d.secret_file)
+        self.remote = {name: RemoteSubAgent(name, url, timeout, secret) for name, url in d.sub_urls.items()}
 
     def get_llm_client(self):
         from mgrpo_verl.agent_loops.multi_client import MultiAgentLLMClient
@@ -171,7 +172,7 @@ class DecoupledSubTrainer(MultiAgentTrainer):
         self.service = service_cls.options(name=f"mgrpo_sub_service_{d.train_agent}", max_concurrency=1000).remote(
             self.rt.config, self.rt.llm.get_client(), self.served_agents[0]
         )
-        url = ray.get(self.service.start.remote(d.serve_host, d.serve_port))
+        url = ray.get(self.service.start.remote(d.serve_host, d.serve_port, shared_secret(d.secret_file)))
         ray.get(self.service.resume.remote(self.global_steps))
         print(f"mgrpo_verl: sub-agent {self.served_agents[0]!r} served at {url}", flush=True)
 

@@ -452,7 +452,7 @@ class MultiAgentTrainer(PPOTrainer):
             if (lora := lora_settings(rt.config.actor_rollout_ref.model)) is not None:
                 manifest[rt.name]["lora"] = lora
         ckpt.write_atomic(os.path.join(folder, ckpt.MANIFEST), json.dumps(manifest, indent=2))
-        ckpt.write_atomic(os.path.join(folder, ckpt.MARKER), json.dumps({"global_step": self.global_steps, "agents": saved}))
+        ckpt.write_marker(folder, self.global_steps, saved)  # after fsync of all the step's files
         ckpt.write_atomic(os.path.join(root, ckpt.TRACKER), str(self.global_steps))
         self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=folder, async_save=False)
         ckpt.prune(root, self.global_steps, keep, saved)

@@ -15,17 +15,29 @@ agent, fine-tunes each agent's base model on its own dataset with verl's SFT tra
 second call with the same inputs returns the published result at once (a file lock makes concurrent callers
 wait for the first), like the built-in models of :mod:`mgrpo_verl.models.tiny`. ``<root>`` defaults to
 ``<cache_root>/warmstart``.
+
+Trusted only when intact: the manifest records the size and sha256 of every published file (``files``), and a
+cached warm start is checked against it before it is returned (:class:`WarmStartCorrupt` names the file that
+differs: a weights file truncated by a crash or a full disk no longer reaches a training worker). The build is
+flushed to disk (``fsync``) before it is published. A build interrupted by SIGTERM or SIGHUP removes its
+temporary folder like one interrupted by Ctrl-C; one killed outright leaves it to the next build, which removes
+it (``mgrpo_verl.models.tiny.build_once``), and its SFT child dies with it (:func:`~mgrpo_verl.warmstart.sft.die_with_parent`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
+from mgrpo_verl.trainer.checkpoints import fsync_tree
 from mgrpo_verl.warmstart import demos, sft
 
 #: Bump when the demonstrations, the SFT recipe or the evaluation change: part of every cache key.
@@ -177,11 +189,85 @@ def cached(spec: WarmStartSpec, root: Optional[str | Path] = None) -> Optional[W
     return _published(target_dir(spec, root))
 
 
+class WarmStartCorrupt(RuntimeError):
+    """A published warm start whose files differ from its manifest's record."""
+
+
 def _published(target: Path) -> Optional[WarmStart]:
-    manifest = target / "manifest.json"
-    if not manifest.is_file():
+    """The warm start published at ``target`` once :func:`verify` passes, or None when there is none.
+
+    Raises:
+        WarmStartCorrupt: a file differs from the manifest's record.
+    """
+    manifest_path = target / "manifest.json"
+    if not manifest_path.is_file():
         return None
-    return WarmStart(target, target / "main", target / "sub", json.loads(manifest.read_text()))
+    manifest = json.loads(manifest_path.read_text())
+    verify(target, manifest)
+    return WarmStart(target, target / "main", target / "sub", manifest)
+
+
+def file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "sha256"}}`` of every file under ``folder`` but ``manifest.json``."""
+    records = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel != "manifest.json":
+            records[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    return records
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(target: Path, manifest: dict[str, Any]) -> None:
+    """Every file the manifest records is in ``target`` with its size and sha256. A manifest without records
+    (built before they existed) is not checked.
+
+    Raises:
+        WarmStartCorrupt: naming the first file missing or different, and what to do.
+    """
+    for rel, record in (manifest.get("files") or {}).items():
+        path = target / rel
+        problem = None
+        if not path.is_file():
+            problem = "is missing"
+        elif path.stat().st_size != record["size"]:
+            problem = f"has {path.stat().st_size} bytes, the manifest records {record['size']} (truncated?)"
+        elif _sha256(path) != record["sha256"]:
+            problem = "differs from the manifest's sha256"
+        if problem:
+            raise WarmStartCorrupt(
+                f"warm start {target}: {path} {problem}. It is not used; delete {target} to build it again."
+            )
+
+
+@contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``SystemExit(128 + signal)`` instead of ending the process on the spot, so that
+    the build's temporary folder is removed and its SFT child killed as on Ctrl-C. Only in the main thread, and
+    only for a signal whose handler is the default one (a handler someone else installed is left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, raise_exit)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def warm_start(spec: WarmStartSpec = WarmStartSpec(), root: Optional[str | Path] = None, log=print) -> WarmStart:
@@ -197,7 +283,8 @@ def warm_start(spec: WarmStartSpec = WarmStartSpec(), root: Optional[str | Path]
     if found is not None:
         log(f"warm start: cached at {target}")
         return found
-    build_once(target, lambda tmp: _build(spec, bases, tmp, target, log))
+    with _terminate_as_exit():
+        build_once(target, lambda tmp: _build(spec, bases, tmp, target, log))
     result = _published(target)
     assert result is not None
     return result
@@ -283,5 +370,7 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
         "evaluation": evaluation,
         "seconds": round(time.monotonic() - start, 1),
         "main_ppo_overrides": _main_ppo_overrides(PRESETS[spec.task], target / "main", target / "sub"),
+        "files": file_records(tmp),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    fsync_tree(tmp)  # on disk before the caller's rename publishes it

@@ -4,8 +4,12 @@
 config ``sft_trainer_engine``, its ``SFTTrainer``, its FSDP engine and checkpoint handler) after our plugin's
 registrations have run with their errors visible (:func:`mgrpo_verl.plugin.ensure_registered`: verl swallows
 a failing plugin): on a CPU-only machine that is the CPU platform, verl's FSDP engines registered for device
-``cpu`` and the process-group patch (gloo, ``mgrpo_verl/platform``). It runs under ``torchrun`` (verl's SFT
-trainer reads the rank from its environment), one process.
+``cpu`` and the process-group patch (gloo, ``mgrpo_verl/platform``). It runs as one child process, not under
+``torchrun`` (docs/security.md "Network exposure"): torchrun's elastic agent keeps a rendezvous store that
+listens on every interface and unpickles what it reads from it every few seconds, and it starts the trainer in a
+session of its own, which outlives a kill of the build's process group. Here verl's trainer gets the rank from
+:func:`single_process_env` (rank 0 of 1, the process group's store a file in the run's folder, gloo on
+loopback), and the child dies with the process that started it (:func:`die_with_parent`).
 
 :func:`train` builds the command: :func:`overrides` are the settings a tiny model needs on CPU (fp32, sdpa
 attention, no remove-padding, no ``torch.compile``, no gradient checkpointing) plus the run's data, steps
@@ -18,8 +22,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +109,7 @@ def train(
     log_path: str | Path,
     device: str = "cpu",
 ) -> tuple[Path, float]:
-    """One SFT run in a child process (``torchrun``, one rank); returns the last step's Hugging Face
+    """One SFT run in a child process (one rank, :func:`single_process_env`); returns the last step's Hugging Face
     checkpoint and the seconds the run took. verl's per-step metrics go to ``<out_dir>/metrics.jsonl``.
 
     Raises:
@@ -111,17 +117,20 @@ def train(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl")}
+    store = tempfile.mkdtemp(prefix=".process_group-", dir=out_dir)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"),
+           **single_process_env(Path(store) / "store", os.environ)}
     if device == "cpu":
         env["MGRPO_VERL_DEVICE"] = "cpu"
-    args = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc_per_node=1",
-        "-m", "mgrpo_verl.warmstart.sft",
-        *overrides(model_dir, tokenizer_dir, train_file, val_file, out_dir, settings, device),
-    ]  # fmt: skip
+    args = [sys.executable, "-m", "mgrpo_verl.warmstart.sft",
+            *overrides(model_dir, tokenizer_dir, train_file, val_file, out_dir, settings, device)]
     start = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
+    try:
+        with open(log_path, "w") as log:
+            # in our process group (a kill of the group reaches it); subprocess.run kills it when we are interrupted
+            proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
     seconds = time.monotonic() - start
     checkpoint = hf_checkpoint(out_dir, settings.steps)
     if proc.returncode != 0 or not (checkpoint / "model.safetensors").is_file():
@@ -174,7 +183,43 @@ def publish_base(model_dir: str | Path, tokenizer_dir: str | Path, target: Path)
     return target
 
 
+#: The variable that tells the child which process started it (:func:`die_with_parent`).
+PARENT_ENV = "MGRPO_SFT_PARENT_PID"
+
+
+def single_process_env(store_file: str | Path, environ: dict | os._Environ) -> dict[str, str]:
+    """What verl's SFT trainer reads from torchrun's environment, for one process without torchrun:
+    rank 0 of 1, and the process group's rendezvous through a file (``DIST_INIT_METHOD``, which verl's
+    ``initialize_global_process_group`` passes to ``torch.distributed``) instead of a TCP store (which listens
+    on every interface whatever ``MASTER_ADDR`` says; ``MASTER_ADDR`` / ``MASTER_PORT`` are set only because
+    verl's ``Worker`` requires them). Gloo's own socket goes on loopback (``GLOO_SOCKET_IFNAME``, unless
+    ``environ`` sets it)."""
+    return {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "DIST_INIT_METHOD": f"file://{Path(store_file).absolute()}?rank=0&world_size=1",
+        # verl's Worker reads (and only records) these; port 0: nothing is to listen or connect there
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
+        "GLOO_SOCKET_IFNAME": environ.get("GLOO_SOCKET_IFNAME") or "lo",
+        PARENT_ENV: str(os.getpid()),
+    }  # fmt: skip
+
+
+def die_with_parent() -> None:
+    """In the child: be killed (SIGKILL) when the process named by :data:`PARENT_ENV` ends, however it ends
+    (``prctl(PR_SET_PDEATHSIG)``, Linux; elsewhere nothing). A parent already gone: exit now."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(parent):  # it ended before the line above took effect
+        os._exit(1)
+
+
 def main() -> None:
+    die_with_parent()
     # the CPU platform and its engines (all the SFT trainer needs of ours), registered here so that an error shows:
     # verl swallows a plugin's exceptions on ``import verl``
     from mgrpo_verl.platform import register_cpu_platform

@@ -361,7 +361,7 @@ class FakeRemote(RemoteSubAgent):
     """A remote sub-agent answering from a script: text, an exception, or ("sleep", s, text)."""
 
     def __init__(self, script):
-        super().__init__("sub", "http://sub.invalid", 5.0)
+        super().__init__("sub", "http://sub.invalid", 5.0, "s" * 32)
         self.script, self.requests = list(script), []
 
     async def call(self, req):

@@ -39,6 +39,18 @@ from e2e import (  # noqa: E402
 )
 
 
+#: The secret the decoupled sides of these tests share (docs/decoupled.md): exported for every test here, so that
+#: configs with a role parse and the runs they start (which inherit the environment) find it.
+TEST_SECRET = "tests-decoupled-secret-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def decoupled_secret(monkeypatch):
+    from mgrpo_verl.agent_loops.remote_sub import SECRET_ENV
+
+    monkeypatch.setenv(SECRET_ENV, TEST_SECRET)
+
+
 @pytest.fixture
 def main_ppo(tmp_path) -> MainPPO:
     """``main_ppo(name, *overrides, timeout=900, config=None, env=None) -> Run`` in ``tmp_path`` (see
@@ -61,7 +73,7 @@ class ClusterRun:
 def two_agent_job(tmp_path_factory) -> ClusterRun:
     """The default two-agent job (M-GRPO, two models of different sizes, KL loss, dense scorer), 2 steps, validation
     before training and after step 2, a checkpoint per step, on a two-node cluster (``node_a``, ``node_b``, one
-    GPU each) joined through ``RAY_ADDRESS`` alone; main is pinned to ``node_a`` and sub to ``node_b`` (against
+    GPU each) joined through ``RAY_ADDRESS`` and the cluster's token alone; main is pinned to ``node_a`` and sub to ``node_b`` (against
     Ray's own choice, which put main on ``node_b`` in every unpinned run)."""
     main_ppo = MainPPO(tmp_path_factory.mktemp("two_agent_job"))
     scorer = dense_scorer(main_ppo.root)
@@ -70,7 +82,7 @@ def two_agent_job(tmp_path_factory) -> ClusterRun:
             "joint", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2", *TWO_MODELS,
             f"multi_agent.delegation.scorer={scorer}",
             "multi_agent.agents.main.node_resource=node_a", "multi_agent.agents.sub.node_resource=node_b",
-            config=MGRPO_CONFIG, env={"RAY_ADDRESS": cluster.address},
+            config=MGRPO_CONFIG, env=cluster.join_env,
         )
         state = cluster.state() if run.returncode == 0 else {}
         return ClusterRun(run, cluster.address, state, main_ppo, scorer)
@@ -113,18 +125,22 @@ def decoupled_on_two_machines(tmp_path_factory) -> DecoupledRun:
     main_ppo = MainPPO(tmp_path_factory.mktemp("decoupled"))
     port = free_port()
     db = main_ppo.root / "stats.db"
+    secret = main_ppo.root / "secret"  # the two machines' copies of one file
+    secret.write_text(TEST_SECRET)
+    secret.chmod(0o600)
     common = (f"multi_agent.decoupled.store=sqlite:///{db}", f"trainer.total_training_steps={DECOUPLED_STEPS}",
-              "trainer.n_gpus_per_node=1", f"multi_agent.d_max={DECOUPLED_D_MAX}")
+              "trainer.n_gpus_per_node=1", f"multi_agent.d_max={DECOUPLED_D_MAX}",
+              f"multi_agent.decoupled.secret_file={secret}")
 
-    def start(side: str, address: str, *overrides: str):
+    def start(side: str, machine, *overrides: str):
         return main_ppo.start(side, f"multi_agent.decoupled.role={side}", *common, *overrides,
-                              env={"RAY_ADDRESS": address}, checkpoints=main_ppo.root / side / "ckpt")
+                              env=machine.join_env, checkpoints=main_ppo.root / side / "ckpt")
 
     with simulated_cluster("node_main") as main_machine, simulated_cluster("node_sub") as sub_machine:
         # the sub side is started first (its model is built and cached then), the main side waits for its /health
-        sub = start("sub", sub_machine.address, f"multi_agent.decoupled.serve_port={port}",
+        sub = start("sub", sub_machine, f"multi_agent.decoupled.serve_port={port}",
                     "trainer.val_before_train=false", "trainer.test_freq=-1")
-        main = start("main", main_machine.address, f"multi_agent.decoupled.sub_urls.sub=http://127.0.0.1:{port}",
+        main = start("main", main_machine, f"multi_agent.decoupled.sub_urls.sub=http://127.0.0.1:{port}",
                      f"trainer.test_freq={DECOUPLED_STEPS}")
         with reaped(main, sub):
             main_run = main.result(timeout=1500)

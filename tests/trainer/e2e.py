@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Steer platform choice or Ray; cleared so every run starts from the same state.
-CLEARED = ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS", "VERL_FILE_LOGGER_PATH")
+CLEARED = ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS", "VERL_FILE_LOGGER_PATH", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
+           "RAY_AUTH_TOKEN_PATH")
 
 # A dense score for the delegation scorer (``multi_agent.delegation.scorer=<file>:score``): the vowel share of the
 # first 16 characters. Every batch of a random tiny model gets rewards that differ between samples, hence non-zero
@@ -274,15 +275,22 @@ class SimulatedCluster:
     def address(self) -> str:
         return self.cluster.address
 
+    @property
+    def join_env(self) -> dict[str, str]:
+        """What a driver joining this cluster exports (docs/multinode.md): its address and its token."""
+        from mgrpo_verl.platform.ray_session import AUTH_TOKEN_FILE
+
+        return {"RAY_ADDRESS": self.address, "RAY_AUTH_TOKEN_PATH": os.path.join(self.tmp, AUTH_TOKEN_FILE)}
+
     def state(self) -> dict:
         """Ray's record of the cluster: node id -> our node name, placement groups (name -> node ids of their
         bundles; id -> node ids) and actors (name, job, node), removed and dead ones included."""
         import ray
         from ray._private.state import actors
 
-        from mgrpo_verl.platform.ray_session import patched_environ, ray_cpu_env
+        from mgrpo_verl.platform.ray_session import ray_cpu_env, ray_environ
 
-        with patched_environ(ray_cpu_env(self.tmp)):
+        with ray_environ(ray_cpu_env(self.tmp)):  # the cluster's token: the one in its temp dir
             ray.init(address=self.address, log_to_driver=False)
             try:
                 names = {n["NodeID"]: next(r for r in n["Resources"] if r.startswith("node_"))
@@ -304,12 +312,12 @@ def simulated_cluster(*nodes: str) -> Iterator[SimulatedCluster]:
     """A cluster of ``nodes`` (custom resource names), as after ``ray start --head`` / ``ray start --address``."""
     from ray.cluster_utils import Cluster
 
-    from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
+    from mgrpo_verl.platform.ray_session import private_temp_dir, ray_cpu_env, ray_environ
 
     with private_temp_dir() as tmp:
-        # the raylets inherit this environment (and pass it to their workers): private temp dir, no auth
-        # token under $HOME, no usage stats
-        with patched_environ(ray_cpu_env(tmp)):
+        # the raylets inherit this environment (and pass it to their workers): private temp dir, token
+        # authentication with the token there (SimulatedCluster.join_env), loopback, no usage stats
+        with ray_environ(ray_cpu_env(tmp)):
             cluster = Cluster(
                 initialize_head=True,
                 connect=False,

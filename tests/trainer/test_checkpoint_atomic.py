@@ -142,6 +142,68 @@ def test_save_writes_marker_then_tracker_and_turns_off_verls_pruning(tmp_path):
     assert trainer.checkpoint_callback.saves == [1]
 
 
+class DiskJournal:
+    """What reaches the disk, in order: ``("fsync", path)`` for every ``os.fsync`` (the path its descriptor
+    names), ``("replace", dst)`` for every ``os.replace``, ``("rename", src)`` for every ``os.rename`` (how
+    :func:`ckpt.remove_folder` starts a deletion)."""
+
+    def __init__(self, monkeypatch):
+        self.events: list[tuple[str, str]] = []
+        real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+
+        def fsync(fd):
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            return real_fsync(fd)
+
+        def replace(src, dst, **kwargs):
+            real_replace(src, dst, **kwargs)
+            self.events.append(("replace", str(dst)))
+
+        def rename(src, dst, **kwargs):
+            self.events.append(("rename", str(src)))
+            return real_rename(src, dst, **kwargs)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(os, "rename", rename)
+
+    def index(self, event: tuple[str, str]) -> int:
+        assert event in self.events, (event, self.events)
+        return self.events.index(event)
+
+    def synced_before(self, position: int) -> set[str]:
+        return {path for kind, path in self.events[:position] if kind == "fsync"}
+
+
+def test_every_file_is_on_disk_before_the_marker_and_the_old_step_goes_after_the_tracker(tmp_path, monkeypatch):
+    """Issue 29, item 9: an OS crash or power loss, not only a kill. The marker may vouch only for files that
+    reached the disk (verl's save fsyncs nothing), and with keep=1 the previous step may go only once the new
+    one, marker and tracker included, is durable. On the code before this fix no actor file nor ``data.pt``
+    was fsynced before the marker (only the marker's and agents.json's own temp files were)."""
+    trainer = make_trainer(tmp_path, keep=1)
+    save_steps(trainer, [1])
+    journal = DiskJournal(monkeypatch)
+    save_steps(trainer, [2])
+    folder = tmp_path / "global_step_2"
+    marker = journal.index(("replace", str(folder / ckpt.MARKER)))
+    synced = journal.synced_before(marker)
+    # every file of the step and every folder holding them (their entries), and the step folder's own entry
+    files = {str(p) for p in folder.rglob("*") if p.is_file() and p.name != ckpt.MARKER}
+    assert files == {str(folder / n) for n in ("agents.json", "data.pt", "agents/main/actor/model.pt", "agents/sub/actor/model.pt")}
+    folders = {str(p) for p in folder.rglob("*") if p.is_dir()} | {str(folder), str(tmp_path)}
+    assert files <= synced, sorted(files - synced)
+    assert folders <= synced, sorted(folders - synced)
+    # the marker's and the tracker's renames are made durable (their folders fsynced after them) ...
+    assert ("fsync", str(folder)) in journal.events[marker + 1:]
+    tracker = journal.index(("replace", str(tmp_path / ckpt.TRACKER)))
+    assert tracker > marker
+    tracker_durable = journal.events.index(("fsync", str(tmp_path)), tracker)
+    # ... and only then does the previous step start to go (keep=1)
+    pruned = journal.index(("rename", str(tmp_path / "global_step_1")))
+    assert pruned > tracker_durable
+    assert steps_on_disk(tmp_path) == [2]
+
+
 def test_frozen_agent_is_neither_saved_nor_required(tmp_path):
     trainer = make_trainer(tmp_path, frozen=("sub",))
     save_steps(trainer, [1])

@@ -293,6 +293,19 @@ def test_redis_that_never_answers(run):
         _refused(run, *SUB_SIDE, f"multi_agent.decoupled.store={url}", names=("multi_agent.decoupled.store", url))
 
 
+def test_a_decoupled_side_without_its_shared_secret_is_refused_before_ray(run, tmp_path, monkeypatch):
+    """Both sides need the secret the sub side's service checks on every request (docs/decoupled.md); without
+    one the launcher refuses naming the key and the variable, with one (a file) the side reaches Ray."""
+    from mgrpo_verl.agent_loops.remote_sub import SECRET_ENV
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    store = f"multi_agent.decoupled.store=sqlite://{tmp_path}/stats.db"
+    _refused(run, *SUB_SIDE, store, names=("multi_agent.decoupled.secret_file", SECRET_ENV))
+    (tmp_path / "secret").write_text("x" * 32)
+    err, _ = run(*SUB_SIDE, store, f"multi_agent.decoupled.secret_file={tmp_path / 'secret'}")
+    assert isinstance(err, ReachedRay), err
+
+
 def test_reachable_sqlite_store_passes(run, tmp_path):
     err, _ = run(*SUB_SIDE, f"multi_agent.decoupled.store=sqlite://{tmp_path}/stats.db")
     assert isinstance(err, ReachedRay), err

@@ -58,7 +58,7 @@ from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
 import ray
 from ray.cluster_utils import Cluster
 
-from mgrpo_verl.platform.ray_session import patched_environ, private_temp_dir, ray_cpu_env
+from mgrpo_verl.platform.ray_session import private_temp_dir, ray_cpu_env, ray_environ
 
 
 def wait_free_gpus(n):
@@ -74,7 +74,7 @@ def wait_free_gpus(n):
 spec = {"agent_main": [1], "agent_sub": [1]}
 mapping = {"main": "agent_main", "sub": "agent_sub"}
 result = {"placed": []}
-with private_temp_dir() as tmp, patched_environ(ray_cpu_env(tmp)):
+with private_temp_dir() as tmp, ray_environ(ray_cpu_env(tmp)):
     cluster = Cluster(initialize_head=True, connect=False,
                       head_node_args={"num_cpus": 4, "num_gpus": 1, "resources": {"node_a": 1}, "include_dashboard": False})
     try:

@@ -1,7 +1,7 @@
 """``python -m mgrpo_verl.warmstart`` end to end on the tiny models, two SFT steps per agent: verl's SFT
-trainer runs on CPU (torchrun, our platform), leaves Hugging Face checkpoints that load with their
-tokenizer, the evaluation runs through the rollout loop, and a second call is served from the cache.
-About 20 s on 2 cores (two torchrun start-ups), so not marked slow."""
+trainer runs on CPU (one child process per run, our platform), leaves Hugging Face checkpoints that load with
+their tokenizer, the evaluation runs through the rollout loop, and a second call is served from the cache, until a
+published file is damaged. About 20 s on 2 cores (three SFT start-ups), so not marked slow."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from mgrpo_verl.platform.ray_session import patched_environ
@@ -90,3 +91,12 @@ def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, cap
         assert build.cached(spec, root).directory == published
         other, _ = parse_args(["--out", str(root), *ARGS, "--lr", "0.01"])
         assert build.cached(other, root) is None
+
+        # the manifest records every published file; a truncated weights file is refused, naming the file, not
+        # handed to RL
+        weights = published / "main" / "model.safetensors"
+        assert manifest["files"]["main/model.safetensors"]["size"] == weights.stat().st_size
+        assert {"sub/model.safetensors", "main/tokenizer.json", "data/main/train.parquet"} <= set(manifest["files"])
+        weights.write_bytes(weights.read_bytes()[:1000])
+        with pytest.raises(build.WarmStartCorrupt, match=f"{weights} has 1000 bytes"):
+            cli_main(["--task", "relay_tools", "--out", str(root), *ARGS])
