@@ -12,7 +12,9 @@ With device ``cpu`` this is ``"cpu:gloo,cpu:gloo"`` and ``torch.distributed.init
 ``ValueError: Duplicate device type cpu in backend string``. Both ``initialize_global_process_group``
 (torchrun / SFT path) and ``initialize_global_process_group_ray`` (every Ray training worker,
 ``verl/workers/engine_workers.py``) build that string. The fix is to use ``cpu:<backend>`` when the device
-itself is ``cpu``, and nothing else changes: on any other device the original functions run untouched.
+itself is ``cpu``, and nothing else changes: on any other device the original functions run untouched. On
+``cpu`` with a loopback ``MASTER_ADDR`` (a CPU run's Ray session), the Ray workers' group store listens on
+``MASTER_ADDR`` only (:func:`loopback_store`): torch's ``env://`` store binds every interface (issue 29).
 
 Guards:
 
@@ -36,7 +38,8 @@ from typing import Any
 
 from mgrpo_verl.platform.patching import VERL_VERSION, VerlPatchError, refuse, source_sha256
 
-__all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_string", "is_applied", "revert"]
+__all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_string", "is_applied", "loopback_store",
+           "revert"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,51 @@ def backend_string(device_name: str, comm_backend: str) -> str:
     if device_name == "cpu":
         return f"cpu:{comm_backend}"
     return f"cpu:gloo,{device_name}:{comm_backend}"
+
+
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _default_timeout() -> timedelta:
+    from torch.distributed.constants import default_pg_timeout
+
+    return default_pg_timeout
+
+
+def loopback_store(address: str, port: int, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """The process group's store as torch's ``env://`` rendezvous makes it (rank 0 serves a multi-tenant TCPStore,
+    the others connect; prefix ``default_pg``), but rank 0's server listens on a socket bound to ``address`` and
+    handed to torch (``master_listen_fd``) instead of one torch binds to every interface."""
+    import socket
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    listen_fd = None
+    if rank == 0:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((address, port))
+            sock.listen(max(world_size, 128))
+        except OSError:
+            sock.close()
+            raise
+        listen_fd = sock.detach()
+    try:
+        store = TCPStore(host_name=address, port=port, world_size=world_size, is_master=rank == 0, timeout=timeout,
+                         multi_tenant=True, master_listen_fd=listen_fd)
+    except Exception:
+        if listen_fd is not None:
+            os.close(listen_fd)
+        raise
+    return PrefixStore("default_pg", store)
 
 
 def upstream_functions() -> dict[str, Callable[..., Any]]:
@@ -135,9 +183,23 @@ def apply(strict: bool = False) -> bool:
 
     @functools.wraps(original_init_ray)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        device = module.get_device_name()
         if backend is None:
-            backend = backend_string(module.get_device_name(), module.get_nccl_backend())
-        return original_init_ray(timeout_second=timeout_second, backend=backend)
+            backend = backend_string(device, module.get_nccl_backend())
+        address = os.environ.get("MASTER_ADDR", "")
+        if device != "cpu" or os.environ.get("DIST_INIT_METHOD") or not _loopback(address):
+            return original_init_ray(timeout_second=timeout_second, backend=backend)
+        # verl 0.9.1's body with the group's store served on MASTER_ADDR only: torch's env:// store listens on every
+        # interface whatever MASTER_ADDR says; a CPU run's Ray session puts it on 127.0.0.1 (issue 29)
+        import torch.distributed
+
+        if torch.distributed.is_initialized():
+            return
+        rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        timeout = timedelta(seconds=timeout_second) if timeout_second is not None else _default_timeout()
+        store = loopback_store(address, int(os.environ["MASTER_PORT"]), rank, world_size, timeout)
+        torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                                             timeout=timeout)
 
     replacements = {
         "initialize_global_process_group": initialize_global_process_group,

@@ -121,6 +121,63 @@ def test_patched_functions_create_a_gloo_group(python_runner, port):
     assert out["torchrun"] == ["cpu:gloo", [0, 0, 1], [2.0, 2.0]]
 
 
+#: one rank of a gloo group through verl's Ray-worker entry point (patched, or verl's own with the backend fixed), then
+#: the rank's listening sockets on MASTER_PORT and an all-reduce over the group
+GROUP_RANK = """
+import json, os, psutil, torch, torch.distributed as dist, verl
+import mgrpo_verl.platform.verl_cpu_process_group as patch
+from verl.utils.distributed import initialize_global_process_group_ray
+if os.environ["WHICH"] == "patched":
+    initialize_global_process_group_ray(timeout_second=60)
+else:
+    patch.upstream_functions()["initialize_global_process_group_ray"](timeout_second=60, backend="cpu:gloo")
+port = int(os.environ["MASTER_PORT"])
+listening = sorted({c.laddr.ip for c in psutil.net_connections("inet")
+                    if c.status == "LISTEN" and c.pid == os.getpid() and c.laddr.port == port})
+t = torch.full((2,), float(dist.get_rank() + 1))
+dist.all_reduce(t)
+print(json.dumps({"listening": listening, "sum": t.tolist(), "world": dist.get_world_size()}))
+dist.destroy_process_group()
+"""
+
+
+def _group(which: str, port: int, world_size: int) -> list[dict]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    procs = []
+    for rank in range(world_size):
+        env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "RAY_ADDRESS")}
+        env.update(MGRPO_VERL_DEVICE="cpu", RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), WHICH=which,
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore")
+        procs.append(subprocess.Popen([sys.executable, "-c", GROUP_RANK], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-4000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_group_store_listens_on_master_addr_only(port, world_size):
+    """Issue 29: verl's Ray workers create their process group through torch's env:// store, whose server (rank 0)
+    listens on every interface whatever MASTER_ADDR says; the patched entry point serves it on MASTER_ADDR (the CPU
+    run's Ray session makes it 127.0.0.1). verl's own function, run the same way, is the control: it listens beyond
+    loopback, so this test sees the difference. The group works either way (an all-reduce over both ranks)."""
+    expected_sum = [float(world_size * (world_size + 1) // 2)] * 2
+    patched = _group("patched", port, world_size)
+    assert patched[0]["listening"] == ["127.0.0.1"], patched
+    assert all(o["sum"] == expected_sum and o["world"] == world_size for o in patched), patched
+    assert all(o["listening"] == [] for o in patched[1:]), patched  # only rank 0 serves
+    original = _group("original", port, world_size)
+    assert original[0]["listening"] and not set(original[0]["listening"]) <= {"127.0.0.1", "::1"}, original
+    assert all(o["sum"] == expected_sum for o in original), original
+
+
 @pytest.fixture
 def unpatched():
     """Revert the patch for the test (the plugin applied it in this process on a CPU machine)."""
