@@ -49,20 +49,25 @@ EXACT_PREFIX, EXACT_INFIX = "val-aux/", "/exact/mean@"
 
 
 @contextmanager
-def ray_environment(on_cpu: bool, env: dict[str, str]) -> Iterator[None]:
-    """Environment for the Ray cluster verl starts. Ray is shut down on exit, whatever happened, before
-    the private temporary directory (CPU) is removed; a Ray the caller had already initialized (verl's
-    ``run_ppo`` then reuses it) is left up."""
+def ray_environment(on_cpu: bool, env: dict[str, str], joins_cluster: bool = False) -> Iterator[None]:
+    """Environment for the Ray cluster verl starts. A Ray this run starts itself is closed to the network on every
+    platform (token authentication with the token in a private temporary directory, loopback only:
+    ``ray_session.ray_closed_env``); on CPU also Ray's files there and the CPU sizing. A driver joining a
+    ``ray start`` cluster (``joins_cluster``) presents that cluster's settings instead (docs/multinode.md). Ray is
+    shut down on exit, whatever happened, before the private temporary directory is removed; a Ray the caller had
+    already initialized (verl's ``run_ppo`` then reuses it) is left up."""
     import ray
 
     ours = not ray.is_initialized()
 
-    from mgrpo_verl.platform.ray_session import private_temp_dir, ray_cpu_env, ray_environ
+    from mgrpo_verl.platform.ray_session import private_temp_dir, ray_closed_env, ray_cpu_env, ray_environ
 
     with ExitStack() as stack:
         if on_cpu:
             tmp = stack.enter_context(private_temp_dir())
             env = {**ray_cpu_env(tmp), "MGRPO_VERL_DEVICE": "cpu", **env}
+        elif not joins_cluster:
+            env = {**ray_closed_env(stack.enter_context(private_temp_dir())), **env}
         stack.enter_context(ray_environ(env))
         try:
             yield
@@ -147,12 +152,13 @@ def run(config: DictConfig) -> dict[str, Any]:
     start = time.monotonic()
     env = {"VERL_FILE_LOGGER_PATH": str(metrics_file)}
     ray_init = OmegaConf.to_container(config.ray_kwargs.ray_init)
-    if existing_cluster_address(ray_init) is not None:
+    joins_cluster = existing_cluster_address(ray_init) is not None
+    if joins_cluster:
         # joining a `ray start` cluster (docs/multinode.md): no node resources from the driver, and the
         # driver's environment carried to workers on every node
         with open_dict(config):
             config.ray_kwargs.ray_init = ray_init_for_existing_cluster(ray_init, {**env, **({"MGRPO_VERL_DEVICE": "cpu"} if on_cpu else {})})
-    with ray_environment(on_cpu, env):
+    with ray_environment(on_cpu, env, joins_cluster):
         run_ppo(config, task_runner_class=TaskRunnerV1)
     summary = summarize(metrics_file, time.monotonic() - start, reward_key)
     print(summary_line(summary), flush=True)

@@ -77,16 +77,20 @@ def ray_cpu_env(temp_dir: str) -> dict[str, str]:
     """
     return {
         "RAY_TMPDIR": temp_dir,
-        **ray_auth_env(temp_dir),
-        # Ray then takes 127.0.0.1 as the node's address and listens on loopback only (not "clusters": the
-        # setting's name is Ray's, which uses loopback on Windows and macOS)
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        **ray_closed_env(temp_dir),
         "RAY_USAGE_STATS_ENABLED": "0",
         "TMPDIR": temp_dir,
         # vLLM's CPU build keeps its linear weights reloadable (patch vllm-cpu-linear-weights)
         "MGRPO_VLLM_CPU_RELOADABLE": "1",
         **cpu_sizing_env(),
     }
+
+
+def ray_closed_env(temp_dir: str) -> dict[str, str]:
+    """What closes a Ray session this process starts to the network, on any platform: token authentication
+    (:func:`ray_auth_env`, the token in ``temp_dir``) and loopback only (Ray then takes 127.0.0.1 as the node's
+    address and listens there; the setting's name is Ray's, which uses loopback on Windows and macOS)."""
+    return {**ray_auth_env(temp_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def ray_auth_env(temp_dir: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
