@@ -3,7 +3,7 @@
 What differs from ``python -m verl.trainer.main_ppo`` (:func:`run` numbers the stages):
 
 1. the config is ``mgrpo_verl/config/mgrpo_trainer.yaml`` (verl's ``ppo_trainer`` + ``mgrpo_verl:`` +
-   ``multi_agent:``: M-GRPO with one model per agent, our ``mgrpo`` trainer, or the decoupled side that
+   ``multi_agent:``: M-GRPO with one model per agent, our ``multi_agent`` trainer, or the decoupled side that
    ``multi_agent.decoupled.role`` names; ``--config-name single_agent`` is verl's own GRPO trainer with one
    model), resolved once here (the built-in models and data are written on first use);
 2. before Ray starts: the run's plan (:mod:`mgrpo_verl.config.plan`), every check that can refuse the config

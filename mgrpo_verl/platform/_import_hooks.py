@@ -2,7 +2,7 @@
 
 Used to register things with verl as soon as verl defines their registries, without importing verl's
 heavy modules in every process that merely imports ``verl``: the CPU FSDP engines
-(:mod:`mgrpo_verl.platform.engines`), our agent loops and the ``mgrpo`` trainer (:mod:`mgrpo_verl.plugin`).
+(:mod:`mgrpo_verl.platform.engines`), our agent loops and the ``multi_agent`` trainer (:mod:`mgrpo_verl.plugin`).
 
 A failing callback fails the import of the watched module with the callback's own exception (logged at
 ERROR too: verl imports some of these modules inside Ray workers). The module then stays refused: every
