@@ -147,15 +147,17 @@ async def run_batch(agent_name: str, config, manager, tokenizer, rollouts: int) 
 
 def relay_stats(outputs: list[list[Any]], cost_s: float) -> dict[str, float]:
     """Mean d, generations per rollout and ideal wall time of a batch of relay rollouts."""
-    mains = [rows[-1] for rows in outputs]
-    calls = [row.extra_fields["mgrpo"]["calls"] for row in mains]
-    main_gens = [row.num_turns - 2 for row in mains]  # plan (+ answer when there was room)
+    from mgrpo_verl.rowmeta import RowMeta
+
+    mains = [RowMeta.read(rows[-1].extra_fields, f"rollout {i} main") for i, rows in enumerate(outputs)]
+    calls = [meta.calls for meta in mains]
+    main_gens = [rows[-1].num_turns - 2 for rows in outputs]  # plan (+ answer when there was room)
     waves = [g + (d > 0) for g, d in zip(main_gens, calls, strict=True)]
     return {
         "d": statistics.fmean(calls),
         "gens": statistics.fmean(g + d for g, d in zip(main_gens, calls, strict=True)),
         "ideal": max(waves) * cost_s,
-        "truncated": sum(row.extra_fields["mgrpo"]["observation_truncated"] for row in mains),
+        "truncated": sum(meta.observation_truncated for meta in mains),
     }
 
 

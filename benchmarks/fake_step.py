@@ -35,7 +35,7 @@ from mgrpo_verl.algorithms.config import MGRPOConfig
 from mgrpo_verl.trainer.agents import AgentRuntime
 from mgrpo_verl.trainer.per_agent import MultiAgentTrainer
 from mgrpo_verl.config.schema import load_multi_agent
-from mgrpo_verl.rowmeta import ROW_META
+from mgrpo_verl.rowmeta import ROW_META, RowMeta
 from mgrpo_verl.trainer.rows import build_row_table, plan_update_sets, scalar_advantages, write_row_values
 
 
@@ -218,7 +218,7 @@ def write_step(store: FakeTransferQueue, agents: list[str], queries: int = 4, ro
             "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(len(ids)),
             "response_mask": torch.ones(response_len, dtype=torch.int64),
             "rm_scores": torch.zeros(response_len), "uid": uid,
-            "extra_fields": {ROW_META: {"agent": agent, "traj_id": traj, "parent_traj_id": parent, "score": score}},
+            "extra_fields": {ROW_META: RowMeta(agent=agent, traj_id=traj, parent_traj_id=parent, score=score).write()},
         })
 
     for q in range(queries):
