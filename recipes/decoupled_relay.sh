@@ -5,11 +5,12 @@
 # model, calls the sub side for every delegation and publishes one record per main trajectory.
 #
 #   bash recipes/decoupled_relay.sh                          # 10 steps, SQLite store in $RUN
-#   STEPS=30 STORE=redis://127.0.0.1:6379/0 bash recipes/decoupled_relay.sh
+#   STEPS=30 STORE=redis://127.0.0.1:6379/0 MGRPO_REDIS_PASSWORD=... bash recipes/decoupled_relay.sh
 #   bash recipes/decoupled_relay.sh multi_agent.d_max=2     # extra Hydra overrides go to both sides
 #
 # Both sides share a secret that the sub side's HTTP service requires of every request: the recipe makes one
-# for the run unless MGRPO_DECOUPLED_SECRET is exported already.
+# for the run unless MGRPO_DECOUPLED_SECRET is exported already. A Redis store needs a password (redis-server
+# --requirepass, the same in MGRPO_REDIS_PASSWORD), on loopback too: other users of the machine reach loopback.
 #
 # On two machines: see docs/multinode.md ("Decoupled M-GRPO across machines"): the same secret on both, the
 # sub side reached through an SSH tunnel (or a TLS proxy), and a store both reach (Redis with requirepass and
@@ -21,6 +22,14 @@ RUN="$(realpath -m "${RUN:-runs/decoupled_relay}")"
 STEPS="${STEPS:-10}"
 PORT="${PORT:-8470}"
 STORE="${STORE:-sqlite:///$RUN/stats.db}"
+case "$STORE" in
+  redis://*|rediss://*)
+    if [ -z "${MGRPO_REDIS_PASSWORD:-}" ] && [[ "$STORE" != *@* ]] && [[ "$STORE" != *allow_no_password=* ]]; then
+      echo "decoupled_relay.sh: STORE=$STORE has no password: start redis-server with --requirepass and export" \
+        "MGRPO_REDIS_PASSWORD (a loopback server without one: add ?allow_no_password=1 to STORE)" >&2
+      exit 2
+    fi;;
+esac
 mkdir -p "$RUN"
 if [ -z "${MGRPO_DECOUPLED_SECRET:-}" ]; then
   MGRPO_DECOUPLED_SECRET="$(python -c 'import secrets; print(secrets.token_hex(32))')"

@@ -25,8 +25,9 @@ def open_store(url: str) -> StatStore:
       ``?synchronous=full|normal`` (default ``full``), ``busy_timeout_ms=30000``.
     - ``redis://host:port/db`` (``rediss://`` with TLS):
       :class:`mgrpo_verl.store.redis.RedisStatStore`. Parameter ``?prefix=mgrpo:`` (key namespace);
-      other query parameters go to ``redis.Redis.from_url``. A host off loopback needs a password
-      (``$MGRPO_REDIS_PASSWORD`` or in the URL).
+      other query parameters go to ``redis.Redis.from_url``. The server needs a password
+      (``$MGRPO_REDIS_PASSWORD`` or in the URL), loopback included; ``?allow_no_password=1`` lets a loopback
+      server without one be used on purpose.
     """
     if not isinstance(url, str):
         raise ValueError(f"open_store: url must be a str, got {type(url).__name__}")

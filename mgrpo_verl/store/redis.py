@@ -25,12 +25,14 @@ lose the last ``mark_consumed`` under load). RDB snapshots alone (``save``) lose
 everything since the last snapshot. Opening a store warns (:class:`StoreDurabilityWarning`) when the
 server reports ``appendonly no``.
 
-**A password off loopback.** A server on another host must require a password (``requirepass``): the store
-refuses a URL to a host that is not loopback when no password comes with it, from the URL
-(``redis://:PASSWORD@host:port/db``, which then sits in the config that verl prints) or, better, from
-``$MGRPO_REDIS_PASSWORD`` (used when the URL has none). Messages show the URL with the password masked
-(:func:`redacted`). The password crosses the network in clear with ``redis://``: use ``rediss://`` (TLS) or a
-tunnel between machines (docs/security.md "Network exposure").
+**A password, always.** The server must require one (``requirepass``) and the store refuses a URL without it,
+loopback included: other users of the same machine reach loopback ports, and Redis without a password lets any of
+them read and rewrite the statistics. The password comes from the URL (``redis://:PASSWORD@host:port/db``, which
+then sits in the config that verl prints) or, better, from ``$MGRPO_REDIS_PASSWORD`` (used when the URL has none).
+A server on loopback that has no password can be used on purpose with ``?allow_no_password=1`` in the URL (a
+machine nobody else uses); a host off loopback needs a password whatever the URL says. Messages show the URL with
+the password masked (:func:`redacted`). The password crosses the network in clear with ``redis://``: use
+``rediss://`` (TLS) or a tunnel between machines (docs/security.md "Network exposure").
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ from mgrpo_verl.store.base import (
 DEFAULT_PREFIX = "mgrpo:"
 #: The password of a Redis URL that carries none.
 PASSWORD_ENV = "MGRPO_REDIS_PASSWORD"
+#: The URL parameter (``?allow_no_password=1``) that lets a store use a loopback server without a password.
+NO_PASSWORD_PARAM = "allow_no_password"
+_TRUE = ("1", "true", "yes")
 
 #: ids per MGET / HMGET round trip (each a few hundred bytes of reply).
 _CHUNK = 2000
@@ -127,19 +132,36 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def allows_no_password(url: str) -> bool:
+    """Whether ``url`` opts out of the password with ``?allow_no_password=1`` (``true``, ``yes``)."""
+    return any(name == NO_PASSWORD_PARAM and value.lower() in _TRUE
+               for name, value in parse_qsl(urlsplit(url).query, keep_blank_values=True))
+
+
 def url_password(url: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """The password to send: the URL's, else ``$MGRPO_REDIS_PASSWORD``, else None. ``ValueError`` when there is
-    none and the host is not loopback: a store reachable from other machines must not be open to them."""
+    """The password to send: the URL's, else ``$MGRPO_REDIS_PASSWORD``. ``ValueError`` when there is none, unless the
+    host is loopback and the URL says ``?allow_no_password=1`` (then None): other users of this machine reach its
+    loopback, and other machines reach any other address."""
     environ = os.environ if environ is None else environ
     parts = urlsplit(url)
     password = parts.password or environ.get(PASSWORD_ENV) or None
-    if password is None and not is_loopback(parts.hostname):
+    if password is not None:
+        return password
+    how = (f"run redis-server with --requirepass and export {PASSWORD_ENV} (or put it in the URL, "
+           "redis://:PASSWORD@host:port/db, where the printed config shows it)")
+    if not is_loopback(parts.hostname):
         raise ValueError(
             f"Redis store {redacted(url)}: the server on {parts.hostname!r} is not on this machine's loopback, and no "
-            f"password is given; run redis-server with requirepass and export {PASSWORD_ENV} (or put it in the URL, "
-            "redis://:PASSWORD@host:port/db, where the printed config shows it)"
+            f"password is given; {how}" + (f" ({NO_PASSWORD_PARAM} applies to loopback only)"
+                                           if allows_no_password(url) else "")
         )
-    return password
+    if not allows_no_password(url):
+        raise ValueError(
+            f"Redis store {redacted(url)}: no password is given, and a Redis without one is open to every user of this "
+            f"machine (loopback is reachable by all of them); {how}. To use a loopback server without a password on "
+            f"purpose (a machine nobody else uses), add ?{NO_PASSWORD_PARAM}=1 to the URL"
+        )
+    return None
 
 
 class StoreDurabilityWarning(UserWarning):
@@ -192,8 +214,8 @@ class RedisStatStore(StatStore):
     @classmethod
     def from_url(cls, url: str) -> "RedisStatStore":
         """``redis://[user:password@]host:port/db[?prefix=NAME&...]``; other parameters go to
-        ``redis.Redis.from_url``. The password: the URL's, else ``$MGRPO_REDIS_PASSWORD``, required off loopback
-        (:func:`url_password`)."""
+        ``redis.Redis.from_url``. The password: the URL's, else ``$MGRPO_REDIS_PASSWORD``, required unless the URL is
+        to loopback and says ``?allow_no_password=1`` (:func:`url_password`)."""
         redis = _import_redis()
         password = url_password(url)
         parts = urlsplit(url)
@@ -203,7 +225,7 @@ class RedisStatStore(StatStore):
         for name, value in query:
             if name == "prefix":
                 prefix = value
-            else:
+            elif name != NO_PASSWORD_PARAM:
                 rest.append((name, value))
         client_url = urlunsplit(parts._replace(query=urlencode(rest)))
         client = redis.Redis.from_url(client_url, decode_responses=True, **({"password": password} if password else {}))
@@ -303,4 +325,7 @@ class RedisStatStore(StatStore):
         super().close()
 
 
-__all__ = ["DEFAULT_PREFIX", "PASSWORD_ENV", "RedisStatStore", "StoreDurabilityWarning", "redacted", "url_password"]
+__all__ = [
+    "DEFAULT_PREFIX", "NO_PASSWORD_PARAM", "PASSWORD_ENV", "RedisStatStore", "StoreDurabilityWarning",
+    "allows_no_password", "redacted", "url_password",
+]

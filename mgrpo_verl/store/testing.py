@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -77,11 +78,12 @@ class LocalRedis:
         directory: the server's ``--dir`` (AOF, log).
         appendonly: ``--appendonly yes|no``.
         appendfsync: ``always``, ``everysec`` (Redis' default) or ``no``.
-        requirepass: the password clients must give (``--requirepass``); None: none.
+        requirepass: the password clients must give (``--requirepass``): ``True`` (default) a random one, a str
+            that one, None none (:attr:`url` then opts out with ``?allow_no_password=1``, which the store needs).
     """
 
     def __init__(self, directory: str | os.PathLike, appendonly: bool = True, appendfsync: str = "everysec",
-                 requirepass: str | None = None):
+                 requirepass: str | bool | None = True):
         binary = redis_server_binary()
         if binary is None:
             raise FileNotFoundError(f"redis-server is not installed: {REDIS_INSTALL_HINT}")
@@ -90,7 +92,11 @@ class LocalRedis:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.appendfsync = appendfsync
-        self.requirepass = requirepass
+        if requirepass is True:
+            requirepass = secrets.token_hex(16)
+        elif requirepass is False:
+            requirepass = None
+        self.requirepass: str | None = requirepass
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
 
@@ -99,8 +105,17 @@ class LocalRedis:
         return b"" if self.requirepass is None else f"AUTH {self.requirepass}\r\n".encode()
 
     @property
-    def url(self) -> str:
+    def bare_url(self) -> str:
+        """The server's URL without credentials (a client needs ``$MGRPO_REDIS_PASSWORD`` with it)."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def url(self) -> str:
+        """A URL the store opens: with the password in it, or ``?allow_no_password=1`` for a server without one
+        (append further parameters with ``&``)."""
+        if self.requirepass is None:
+            return f"{self.bare_url}?allow_no_password=1"
+        return f"redis://:{self.requirepass}@127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 20.0) -> "LocalRedis":
         fixed = self.port is not None

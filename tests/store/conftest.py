@@ -1,7 +1,7 @@
 """Fixtures of the statistics-store tests: every backend through one parametrized ``store_url``.
 
 The Redis backend needs the ``redis`` package and a ``redis-server`` binary (each test starts its own
-server on 127.0.0.1). Without them the Redis tests are skipped, except under CI (env ``CI`` set),
+server on 127.0.0.1, with a random password by default: the store requires one, loopback included). Without them the Redis tests are skipped, except under CI (env ``CI`` set),
 where they FAIL, so that nobody takes a green run for a tested Redis backend.
 """
 
@@ -67,7 +67,7 @@ def store_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite://{tmp_path / 'stats.db'}"
     server = request.getfixturevalue("redis_server")
-    return f"{server.url}?prefix=test{next(_counter)}-{os.getpid()}:"
+    return f"{server.url}{'&' if '?' in server.url else '?'}prefix=test{next(_counter)}-{os.getpid()}:"
 
 
 @pytest.fixture

@@ -1,13 +1,14 @@
 """The Redis store and passwords (issue 29, item 4): a server that requires one refuses a client without it, our
-client takes it from ``$MGRPO_REDIS_PASSWORD`` or the URL, a host off loopback without one is refused before any
-connection, and no message shows it."""
+client takes it from ``$MGRPO_REDIS_PASSWORD`` or the URL, a URL without one is refused before any connection (loopback
+included: other users of the machine reach it) unless it opts out with ``?allow_no_password=1`` on loopback, and no
+message shows the password."""
 
 from __future__ import annotations
 
 import pytest
 
 from mgrpo_verl.store import check_store_reachable, open_store
-from mgrpo_verl.store.redis import PASSWORD_ENV, is_loopback, redacted, url_password
+from mgrpo_verl.store.redis import PASSWORD_ENV, allows_no_password, is_loopback, redacted, url_password
 from mgrpo_verl.store.testing import numbered_stats
 
 from .conftest import require_redis
@@ -24,9 +25,9 @@ def locked_redis(new_redis):
 def test_a_client_without_the_password_is_refused(locked_redis, monkeypatch):
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
     with pytest.raises(ConnectionError, match="cannot reach the Redis server") as err:
-        open_store(locked_redis.url)
+        open_store(locked_redis.bare_url + "?allow_no_password=1")  # past our check: the server itself refuses
     assert "authenticat" in str(err.value).lower() or "NOAUTH" in str(err.value)  # the server's words vary by version
-    wrong = locked_redis.url.replace("redis://", "redis://:not-the-password@")
+    wrong = locked_redis.bare_url.replace("redis://", "redis://:not-the-password@")
     with pytest.raises(ConnectionError) as err:
         open_store(wrong)
     assert "not-the-password" not in str(err.value)  # the URL in the message is masked
@@ -37,13 +38,14 @@ def test_a_client_without_the_password_is_refused(locked_redis, monkeypatch):
 
 def test_the_password_from_the_environment_or_the_url(locked_redis, monkeypatch):
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)
-    with open_store(locked_redis.url) as store:
+    with open_store(locked_redis.bare_url) as store:
         assert store.put(numbered_stats(0, 3)) == 3
         assert PASSWORD not in store.url
     monkeypatch.delenv(PASSWORD_ENV)
-    with open_store(locked_redis.url.replace("redis://", f"redis://:{PASSWORD}@")) as store:
+    assert locked_redis.url == locked_redis.bare_url.replace("redis://", f"redis://:{PASSWORD}@")
+    with open_store(locked_redis.url) as store:
         assert store.count() == 3  # the same server, the records written above
-        assert store.url == locked_redis.url.replace("redis://", "redis://:***@")
+        assert store.url == locked_redis.bare_url.replace("redis://", "redis://:***@")
 
 
 @pytest.mark.parametrize("url", ["redis://10.0.0.5:6379/0", "redis://redis-host:6379/0", "rediss://[2001:db8::1]:6380/0"])
@@ -57,9 +59,50 @@ def test_a_host_off_loopback_without_a_password_is_refused_before_connecting(url
     assert url_password(with_password, {PASSWORD_ENV: "from-env"}) == "in-url"
 
 
-def test_loopback_needs_no_password_and_masking():
-    assert url_password("redis://127.0.0.1:6379/0", {}) is None
-    assert url_password("redis://localhost:6379/0", {}) is None
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]"])
+def test_loopback_without_a_password_is_refused_before_connecting(host, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    url = f"redis://{host}:6379/0"
+    with pytest.raises(ValueError, match=f"no password is given.*every user of this machine.*export {PASSWORD_ENV}"
+                                         ".*allow_no_password=1"):
+        url_password(url, {})
+    with pytest.raises(ValueError, match="no password is given"):
+        open_store(url)  # refused by our check: nothing listens on 6379 here, a connection would be ConnectionError
+    with pytest.raises(ValueError, match="multi_agent.decoupled.store.*no password is given"):
+        check_store_reachable(url, "multi_agent.decoupled.store")
+    assert url_password(url, {PASSWORD_ENV: "from-env"}) == "from-env"
+    for value in ("1", "true", "YES"):
+        assert url_password(f"{url}?prefix=x&allow_no_password={value}", {}) is None
+    for value in ("0", "false", ""):
+        with pytest.raises(ValueError, match="no password is given"):
+            url_password(f"{url}?allow_no_password={value}", {})
+
+
+def test_a_loopback_connection_without_a_password_is_refused_by_the_default_server(new_redis, monkeypatch):
+    """The throw-away server the tests and the benchmark start requires a password unless asked not to; a client
+    that skips our check (the opt-out URL against a server that has a password) is refused by the server itself."""
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    server = new_redis("default").start()
+    assert server.requirepass and len(server.requirepass) >= 32
+    with pytest.raises(ConnectionError, match="cannot reach the Redis server"):
+        open_store(server.bare_url + "?allow_no_password=1")
+    with pytest.raises(ValueError, match="no password is given"):
+        open_store(server.bare_url)
+    with open_store(server.url) as store:
+        assert store.put(numbered_stats(0, 2)) == 2
+
+
+def test_the_opt_out_opens_a_loopback_server_without_a_password_and_never_one_off_loopback(new_redis, monkeypatch):
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    server = new_redis("open", requirepass=None).start()
+    assert server.url == server.bare_url + "?allow_no_password=1" and allows_no_password(server.url)
+    with open_store(server.url + "&prefix=p:") as store:  # the parameter is ours: redis-py never sees it
+        assert store.put(numbered_stats(0, 2)) == 2 and store.prefix == "p:"
+    with pytest.raises(ValueError, match="not on this machine's loopback.*applies to loopback only"):
+        url_password("redis://10.0.0.5:6379/0?allow_no_password=1", {})
+
+
+def test_loopback_names_and_masking():
     assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST"]))
     assert not any(map(is_loopback, ["10.0.0.1", "0.0.0.0", "redis-host", "", None]))
     assert redacted("redis://user:secret@h:1/0?prefix=x") == "redis://user:***@h:1/0?prefix=x"

@@ -66,7 +66,7 @@ def test_store_probe_gives_up_on_a_silent_redis_whatever_the_url_timeouts(tmp_pa
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0?socket_timeout=30&socket_connect_timeout=30"
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0?socket_timeout=30&socket_connect_timeout=30&allow_no_password=1"
         start = time.monotonic()
         with pytest.raises(ValueError, match=r"did not answer within 2 s") as info:
             check_store_reachable(url, "multi_agent.decoupled.store", timeout_s=0.5)

@@ -210,4 +210,4 @@ def test_redis_unreachable_server_is_a_clear_error(new_redis):
     from mgrpo_verl.store.testing import free_port
 
     with pytest.raises(ConnectionError, match="cannot reach"):
-        open_store(f"redis://127.0.0.1:{free_port()}/0?socket_connect_timeout=1")
+        open_store(f"redis://:password@127.0.0.1:{free_port()}/0?socket_connect_timeout=1")

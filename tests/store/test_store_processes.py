@@ -102,7 +102,7 @@ def test_redis_restart_keeps_the_store(new_redis, how):
     # SIGKILL loses nothing only with appendfsync always: under everysec Redis may postpone the AOF write
     # (up to 2 s) while an earlier fsync is still running on a busy disk, and it replies meanwhile (seen in CI)
     server = new_redis(f"redis-{how}", appendfsync="always" if how == "kill" else "everysec").start()
-    url = f"{server.url}?prefix=r:"
+    url = f"{server.url}{'&' if '?' in server.url else '?'}prefix=r:"
     recs = numbered_stats(0, 500)
     with open_store(url) as s:
         assert s.put(recs) == 500
