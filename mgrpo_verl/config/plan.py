@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mgrpo_verl.config.lora import adapter_hosts, shared_vllm_adapters
 from mgrpo_verl.config.rules import check_multi_agent, multi_agent_enabled
-from mgrpo_verl.config.schema import MultiAgentConfig, trainer_mode
+from mgrpo_verl.config.schema import MultiAgentConfig
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def build_plan(config: DictConfig) -> RunPlan:
     naming the key of the first rule it breaks; pure: no Ray, no models, ``config`` is not modified."""
     if not multi_agent_enabled(config):
         return RunPlan(config=config, trainer_mode=OmegaConf.select(config, "trainer.v1.trainer_mode", default=""))
-    ma, fulls = check_multi_agent(config)
+    ma, fulls, mode = check_multi_agent(config)
     local = {spec.name: fulls[spec.name] for spec in ma.local_owners}
     hosts = adapter_hosts(local)
     return RunPlan(
@@ -92,5 +92,5 @@ def build_plan(config: DictConfig) -> RunPlan:
         agent_configs=fulls,
         adapter_hosts=hosts,
         vllm_adapters=shared_vllm_adapters(local, hosts),
-        trainer_mode=trainer_mode(ma.decoupled.role, OmegaConf.select(config, "trainer.v1.trainer_mode")),
+        trainer_mode=mode,
     )

@@ -113,10 +113,11 @@ def agent_full_config(config: DictConfig, spec: AgentConfig) -> DictConfig:
     return full
 
 
-def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, DictConfig]]:
+def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, DictConfig], str]:
     """The ``multi_agent`` section (:func:`~mgrpo_verl.config.schema.load_multi_agent`) checked together with
     the rest of the trainer config: the one place for the rules across sections. Returns the section (GPU
-    shares filled in) and every model owner's full config (:func:`agent_full_config`), built once here.
+    shares filled in), every model owner's full config (:func:`agent_full_config`), built once here, and the
+    trainer mode that runs the section's role (:func:`~mgrpo_verl.config.schema.trainer_mode`, checked here).
     :func:`mgrpo_verl.config.plan.build_plan` is its caller.
 
     Raises ``ValueError`` naming the offending key and value. Callers check :func:`multi_agent_enabled`
@@ -133,7 +134,7 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
 
     # the trainer: our mode, one node, a GPU budget the owners fit in
     # "multi_agent" (the YAML's; main_ppo then sets the role's mode) or the role's own mode, else refused naming the key
-    trainer_mode(ma.decoupled.role, setting(config, "trainer.v1.trainer_mode"))
+    mode = trainer_mode(ma.decoupled.role, setting(config, "trainer.v1.trainer_mode"))
     nnodes = OmegaConf.select(config, "trainer.nnodes", default=1, throw_on_missing=False)
     if nnodes != 1:
         raise ValueError(f"trainer.nnodes must be 1 in multi-agent mode, got {nnodes!r}: placing the agents' "
@@ -190,7 +191,7 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
     _check_agent_overrides(config, fulls, owners, rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
     if ma.algorithm != "magrpo":  # MAGRPO's rows per model: _check_magrpo_batches above
         _check_micro_batches(fulls, owners)
-    return ma, fulls
+    return ma, fulls, mode
 
 
 # ----------------------------------------------------------------------------------------------------

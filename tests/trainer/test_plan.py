@@ -61,6 +61,17 @@ def test_the_driver_parses_the_config_once(monkeypatch, tmp_path, overrides, own
     assert (len(loads), len(plans), len(fulls)) == (1, 1, owners)
 
 
+@pytest.mark.parametrize("role", [None, "main"])
+def test_the_plan_applies_the_role_s_mode_rule_once(monkeypatch, tmp_path, role):
+    modes = _counting(monkeypatch, rules, "trainer_mode")
+    overrides = [] if role is None else ["multi_agent.decoupled.role=main", f"multi_agent.decoupled.store=sqlite:///{tmp_path}/s.db",
+                                         "multi_agent.decoupled.sub_urls.sub=http://127.0.0.1:8470", "trainer.n_gpus_per_node=1"]
+    config = _compose(*overrides, tmp_path=tmp_path)
+    OmegaConf.resolve(config)
+    plan = build_plan(config)
+    assert len(modes) == 1 and plan.trainer_mode == {None: "multi_agent", "main": "mgrpo_decoupled_main"}[role]
+
+
 def test_the_plan_is_pure_and_describes_the_run(tmp_path):
     config = _compose("multi_agent.agents.sub.trainable=false", tmp_path=tmp_path)
     OmegaConf.resolve(config)
