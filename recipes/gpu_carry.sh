@@ -21,7 +21,8 @@
 # what verl's vLLM rollout loads for a dense Qwen2 model on FLASH_ATTN, found by importing it under a recorder
 # (recipes/vllm_closure.py trace, run in .venv-vllm: bash recipes/vllm_cpu_env.sh makes it), plus the wheels of
 # the distributions that trace imports and the image lacks; one xz archive split into parts of <= 60 MiB, one
-# git-ignored folder .gpu_carry_vllm_<i>/ each (the first sized to ride with .gpu_carry), with SHA-256s.
+# git-ignored folder .gpu_carry_vllm_<i>/ each, with SHA-256s; every part is sized from the checkout's size (64 MiB
+# per call less 1 MiB and the checkout), the first to ride with .gpu_carry.
 # receive [I]: checks the parts present (a corrupt one fails loudly); nothing is installed.
 # run: installs into /tmp/site once per machine (base about 5 s; the vLLM parts joined with every SHA-256
 # checked, extracted, their wheels installed), then runs the command with PYTHONPATH = this checkout, /tmp/site.

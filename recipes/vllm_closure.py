@@ -6,7 +6,8 @@ model on the FLASH_ATTN backend: found by importing, then a few binaries dropped
     .venv-vllm/bin/python recipes/vllm_closure.py trace --vllm-dir DIR --out closure.json
     # which files of DIR to carry, which to drop and why (any python3; no import of vLLM)
     python3 recipes/vllm_closure.py select --vllm-dir DIR --closure closure.json --out keep.txt
-    # the packed archive into parts of <= 60 MiB, one git-ignored folder each, and the device-tool plan
+    # the packed archive into parts of <= 60 MiB, each sized so that it fits one call beside the checkout
+    # (split_sizes), one git-ignored folder each, and the device-tool plan
     python3 recipes/vllm_closure.py split --archive vllm.tar.xz --base .gpu_carry
     # on the GPU machine: every part's and the whole archive's SHA-256 checked, else a loud failure
     python3 recipes/vllm_closure.py join --out /tmp/vllm.tar.xz
@@ -414,6 +415,10 @@ MiB = 2**20
 #: What one device-tool call carries in all (working tree + named ignored folders), and the most one part holds.
 CALL_LIMIT = 64 * MiB
 PART_LIMIT = 60 * MiB
+#: Kept free in every call: the manifests, and files committed between pack and call.
+MARGIN = MiB
+#: The smallest part worth a call of its own (or worth riding beside the base carry).
+MIN_PART = 4 * MiB
 PART_PREFIX = ".gpu_carry_vllm_"
 MANIFEST = "MANIFEST.json"
 
@@ -448,6 +453,20 @@ def part_sizes(total: int, first_room: int, limit: int = PART_LIMIT) -> list[int
         sizes.append(min(limit, left))
         left -= sizes[-1]
     return sizes
+
+
+def split_sizes(total: int, checkout: int, base_bytes: int = 0, call_limit: int = CALL_LIMIT,
+                part_limit: int = PART_LIMIT) -> list[int]:
+    """Part sizes for a ``total``-byte archive when every call also copies the ``checkout`` (bytes) and the first
+    may carry the ``base_bytes`` folder too: each call keeps :data:`MARGIN` free, so every part is at most
+    ``call_limit - MARGIN - checkout`` (and ``part_limit``): a growing checkout makes the parts smaller, not a
+    call too large. The first part rides with the base when at least :data:`MIN_PART` is left beside it."""
+    room = min(part_limit, call_limit - MARGIN - checkout)
+    if room < MIN_PART:
+        raise SystemExit(f"vllm_closure: the checkout ({checkout / MiB:.1f} MiB) leaves {max(room, 0) / MiB:.1f} MiB "
+                         f"per call of {call_limit // MiB} MiB: too little for a part; make the checkout smaller")
+    first_room = min(room, call_limit - MARGIN - checkout - base_bytes) if base_bytes else room
+    return part_sizes(total, first_room if first_room >= MIN_PART else 0, room)
 
 
 def split(archive: Path, root: Path, sizes: list[int], prefix: str = PART_PREFIX) -> list[Path]:
@@ -573,10 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "split":
         checkout = checkout_bytes(args.root)
         base_bytes = _tree_bytes(args.root / args.base) if args.base else 0
-        # 1 MiB kept free: the manifests, and files committed between pack and call
-        first_room = CALL_LIMIT - MiB - checkout - base_bytes if base_bytes else PART_LIMIT
-        first_room = min(PART_LIMIT, first_room) if first_room >= 4 * MiB else 0  # a sliver of a part: not worth it
-        folders = split(args.archive, args.root, part_sizes(args.archive.stat().st_size, first_room))
+        sizes = split_sizes(args.archive.stat().st_size, checkout, base_bytes)
+        folders = split(args.archive, args.root, sizes)
         calls, text = plan(args.root, args.base if base_bytes else "", folders, args.command, checkout)
         print(text)
         if args.plan_out:

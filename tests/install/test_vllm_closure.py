@@ -90,6 +90,38 @@ def test_plan_fits_every_call_in_64_mib(tmp_path):
         vc.plan(tmp_path, "", folders[1:2], "x", 10 * MiB)  # 10 + 60 MiB
 
 
+@pytest.mark.parametrize("checkout_mib, sizes_mib", [
+    (3, [18, 60, 60, 12]),   # 64 - 1 - 3 - 42 = 18 beside the base; later parts 60 (the cap; 64 - 1 - 3 = 60)
+    (5, [16, 58, 58, 18]),   # a larger checkout: every part shrinks to 64 - 1 - 5 = 58, not only the first
+    (20, [43, 43, 43, 21]),  # 64 - 1 - 20 - 42 = 1 MiB beside the base: no first part there; parts of 43
+])
+def test_split_sizes_shrink_every_part_with_the_checkout(checkout_mib, sizes_mib):
+    sizes = vc.split_sizes(150 * MiB, checkout_mib * MiB, 42 * MiB)
+    assert sizes == [m * MiB for m in sizes_mib] and sum(sizes) == 150 * MiB
+    with_base = sizes[0] + 42 * MiB if checkout_mib < 20 else 42 * MiB  # the base's own call when no part fits beside it
+    assert checkout_mib * MiB + with_base <= vc.CALL_LIMIT - vc.MARGIN
+    assert all(checkout_mib * MiB + s <= vc.CALL_LIMIT - vc.MARGIN for s in sizes)
+
+
+def test_split_sizes_refuse_a_checkout_that_leaves_no_room():
+    with pytest.raises(SystemExit, match="too little for a part"):
+        vc.split_sizes(150 * MiB, 61 * MiB)
+
+
+def test_split_command_with_a_5_mib_checkout_plans_every_call_within_the_limit(tmp_path, monkeypatch):
+    """``split`` end to end (the pack's own call) with a 5 MiB checkout, 42 MiB base, 150 MiB archive."""
+    _sparse(tmp_path / ".gpu_carry" / "wheels.bin", 42 * MiB)
+    archive = tmp_path / "v.tar.xz"
+    _sparse(archive, 150 * MiB)
+    monkeypatch.setattr(vc, "checkout_bytes", lambda root: 5 * MiB)
+    assert vc.main(["split", "--archive", str(archive), "--root", str(tmp_path), "--base", ".gpu_carry",
+                    "--command", "x", "--plan-out", str(tmp_path / "plan.json")]) == 0
+    calls = json.loads((tmp_path / "plan.json").read_text())
+    assert [c["carry"] for c in calls][:2] == [[".gpu_carry", ".gpu_carry_vllm_1"], [".gpu_carry_vllm_2"]]
+    assert len(calls) == 4 and all(c["bytes"] <= vc.CALL_LIMIT - vc.MARGIN + MiB // 8 for c in calls), \
+        [c["bytes"] / MiB for c in calls]  # + the manifest's few hundred bytes
+
+
 def test_select_keeps_python_drops_unloaded_and_static_binaries(tmp_path):
     site = tmp_path / "site"
     for rel, content in {"vllm/__init__.py": b"", "vllm/_C_stable_libtorch.abi3.so": b"\x7fELF1",
