@@ -18,7 +18,9 @@ wait for the first), like the built-in models of :mod:`mgrpo_verl.models.tiny`. 
 
 Trusted only when intact: the manifest records the size and sha256 of every published file (``files``), and a
 cached warm start is checked against it before it is returned (:class:`WarmStartCorrupt` names the file that
-differs: a weights file truncated by a crash or a full disk no longer reaches a training worker). The build is
+differs: a weights file truncated by a crash or a full disk no longer reaches a training worker); a manifest
+without records (a warm start cached before they existed) cannot be checked and is refused the same way, naming
+the folder to delete. The build is
 flushed to disk (``fsync``) before it is published. A build interrupted by SIGTERM or SIGHUP removes its
 temporary folder like one interrupted by Ctrl-C; one killed outright leaves it to the next build, which removes
 it (``mgrpo_verl.models.tiny.build_once``), and its SFT child dies with it (:func:`~mgrpo_verl.warmstart.sft.die_with_parent`).
@@ -226,13 +228,21 @@ def _sha256(path: Path) -> str:
 
 
 def verify(target: Path, manifest: dict[str, Any]) -> None:
-    """Every file the manifest records is in ``target`` with its size and sha256. A manifest without records
-    (built before they existed) is not checked.
+    """Every file the manifest records is in ``target`` with its size and sha256.
 
     Raises:
-        WarmStartCorrupt: naming the first file missing or different, and what to do.
+        WarmStartCorrupt: naming the first file missing or different, or the folder whose manifest records no files
+            (a warm start built before the records existed: nothing could tell a truncated weights file), and what
+            to do.
     """
-    for rel, record in (manifest.get("files") or {}).items():
+    records = manifest.get("files")
+    if not isinstance(records, dict) or not records:
+        raise WarmStartCorrupt(
+            f"warm start {target}: its manifest records no files (no size or sha256: it was built before warm starts "
+            f"recorded them), so a truncated or damaged weights file could not be told apart. It is not used; delete "
+            f"{target} to build it again (rm -rf {target})."
+        )
+    for rel, record in records.items():
         path = target / rel
         problem = None
         if not path.is_file():

@@ -6,6 +6,7 @@ test_tool_run_e2e.py's)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -92,8 +93,10 @@ def test_the_resolver_names_the_spec_of_the_config_and_the_stage_builds_it(monke
     assert pending_models(plan) == {str(target / "main"): bases["main"][0], str(target / "sub"): bases["sub"][0]}
     run_stage(plan)
     assert calls == [(spec, str(tmp_path))]
-    (target / "manifest.json").parent.mkdir(parents=True)
-    (target / "manifest.json").write_text("{}")  # published: the stage has nothing left to build
+    (target / "main").mkdir(parents=True)
+    (target / "main" / "config.json").write_text("{}")
+    # published (a manifest recording its files, as _build writes it): the stage has nothing left to build
+    (target / "manifest.json").write_text(json.dumps({"files": build.file_records(target)}))
     assert pending_models(plan) == {} and run_stage(plan) is None and len(calls) == 1
 
 

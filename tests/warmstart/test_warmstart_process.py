@@ -160,8 +160,16 @@ def test_a_damaged_weights_file_is_refused_naming_it(tmp_path, damage, problem):
     assert f"{weights} {problem}" in str(err.value) and f"delete {tmp_path}" in str(err.value)
 
 
-def test_a_manifest_from_before_the_records_is_not_checked(tmp_path):
-    (tmp_path / "main").mkdir()
-    (tmp_path / "main" / "model.safetensors").write_bytes(b"")
-    (tmp_path / "manifest.json").write_text(json.dumps({"version": "3"}))
-    assert build._published(tmp_path).directory == tmp_path
+@pytest.mark.parametrize("records", [{}, {"files": {}}, {"files": None}], ids=["no_key", "empty", "null"])
+def test_a_manifest_from_before_the_records_is_refused_naming_the_folder(tmp_path, records):
+    """A warm start cached before the records existed (its manifest has none) was trusted unchecked, an empty
+    weights file included; now it is refused like a damaged one, naming the folder to delete."""
+    target = tmp_path / "relay_tools-0123abcd"
+    (target / "main").mkdir(parents=True)
+    (target / "main" / "model.safetensors").write_bytes(b"")  # truncated to nothing: nothing could tell
+    (target / "manifest.json").write_text(json.dumps({"version": "3", **records}))
+    with pytest.raises(build.WarmStartCorrupt) as err:
+        build._published(target)
+    message = str(err.value)
+    assert f"warm start {target}: its manifest records no files" in message
+    assert f"It is not used; delete {target} to build it again" in message
