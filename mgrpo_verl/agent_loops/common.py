@@ -14,7 +14,8 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import (
@@ -31,6 +32,8 @@ from mgrpo_verl.envs import relay
 from mgrpo_verl.rowmeta import RowMeta, main_traj_id, sub_traj_id
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: tokenizer path -> tokenizer, for sub-agents whose model differs from the main agent's (per process).
 TOKENIZERS: dict[str, Any] = {}
@@ -121,7 +124,7 @@ class AgentHandle:
 #: objects alive (so an id is never reused while cached) and is checked by identity. Bounded: cleared when
 #: it holds MEMO_SIZE entries.
 MEMO_SIZE = 32
-_SETTINGS: dict[int, tuple[Any, DelegationSettings]] = {}
+_PER_CONFIG: dict[tuple[Any, int], tuple[Any, Any]] = {}
 
 
 #: Keys of ``extra_info`` copied into every query's ``reward_extra_info`` as text (the evaluation table's
@@ -241,16 +244,23 @@ def tokenizer_path(agent_config: Any) -> str | None:
     )
 
 
-def settings_of(config: DictConfig) -> DelegationSettings:
-    """``DelegationSettings.from_config(config)``, memoised per config object (see :data:`_SETTINGS`)."""
-    hit = _SETTINGS.get(id(config))
+def per_config(config: DictConfig, build: Callable[[DictConfig], _T]) -> _T:
+    """``build(config)``, memoised per ``build`` and config object (see :data:`_PER_CONFIG`): what a loop
+    reads from the trainer config is typed once per loop worker, not once per rollout."""
+    key = (build, id(config))
+    hit = _PER_CONFIG.get(key)
     if hit is not None and hit[0] is config:
         return hit[1]
-    settings = DelegationSettings.from_config(config)  # raises for a bad config: nothing is cached then
-    if len(_SETTINGS) >= MEMO_SIZE:
-        _SETTINGS.clear()
-    _SETTINGS[id(config)] = (config, settings)
-    return settings
+    value = build(config)  # raises for a bad config: nothing is cached then
+    if len(_PER_CONFIG) >= MEMO_SIZE:
+        _PER_CONFIG.clear()
+    _PER_CONFIG[key] = (config, value)
+    return value
+
+
+def settings_of(config: DictConfig) -> DelegationSettings:
+    """``DelegationSettings.from_config(config)``, memoised per config object (:func:`per_config`)."""
+    return per_config(config, DelegationSettings.from_config)
 
 
 def merge_generation_fields(generations: list[Generation]) -> dict[str, Any]:

@@ -45,7 +45,8 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 from verl.utils import normalize_token_ids
 
-from mgrpo_verl.config.schema import load_multi_agent
+from mgrpo_verl.algorithms.config import MAGRPOConfig
+from mgrpo_verl.config.schema import CooperationConfig, load_multi_agent
 from mgrpo_verl.envs import coop_tasks
 from mgrpo_verl.envs.coop_tasks import COOP_LOOP_NAME, CoopReward, CoopTask, Turn
 
@@ -65,6 +66,13 @@ REWARD_ERRORS = "reward/errors"
 REWARD_TIMEOUT_S = 120.0
 
 
+def _settings(config: Any) -> tuple[MAGRPOConfig, CooperationConfig]:
+    """The loop's sections of the trainer config, typed once per loop worker (``common.per_config``)."""
+    ma = load_multi_agent(config)
+    ma.tree_width()  # required here, whatever multi_agent.algorithm says
+    return ma.magrpo, ma.cooperation
+
+
 @dataclass
 class _Node:
     node_id: str
@@ -78,9 +86,7 @@ class CooperativeLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        ma = load_multi_agent(self.config)
-        ma.tree_width()  # required here, whatever multi_agent.algorithm says
-        self.magrpo, self.cooperation = ma.magrpo, ma.cooperation
+        self.magrpo, self.cooperation = common.per_config(self.config, _settings)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         task = coop_tasks.task_for(kwargs.get("data_source"))

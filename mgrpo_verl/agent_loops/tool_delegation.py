@@ -305,7 +305,7 @@ class ToolDelegationLoop(ToolAgentLoop):
     def __init__(self, *args: Any, **kwargs: Any):
         self._hf_model_type = kwargs.get("hf_model_type")
         super().__init__(*args, **kwargs)
-        self.settings = common.DelegationSettings.from_config(self.config)
+        self.settings = common.settings_of(self.config)
         self._manager = self.server_manager
         self.server_manager = _Route(self._manager)
         for agent in self.settings.sub_agents:
