@@ -16,7 +16,10 @@ What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing e
   on the real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
   reference / actor-update methods on that model's rows only; then weight sync per model (``on_step_end``);
 - **checkpoints**: ``global_step_N/agents/<name>/actor`` per trainable model, plus verl's ``data.pt``;
-- **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``.
+- **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``;
+- **rollout dumps** (``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``): every real row with its
+  agent, trajectory, parent, turns, tool calls, score, advantage and alignment fate (``rollout_log.py``,
+  docs/rollouts.md), instead of verl's training dump and beside its validation dump.
 
 The step calls verl's methods (``_balance_batch``, ``_compute_old_log_prob``, ``_compute_ref_log_prob``,
 ``_update_actor``) unchanged, once per model, on an :class:`AgentView` of the trainer, which points the
@@ -70,6 +73,8 @@ from mgrpo_verl.hf_rollout.adapters import AdapterLLMServerClient
 from mgrpo_verl.trainer.lora_export import lora_settings
 from mgrpo_verl.trainer.memory import check_memory
 from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
+from mgrpo_verl.trainer import rollout_log
+from mgrpo_verl.trainer.rollout_log import StepRows
 from mgrpo_verl.trainer.rows import (
     RowTable,
     row_metrics,
@@ -111,6 +116,7 @@ class MultiAgentTrainer(PPOTrainer):
                 f"start the run with python -m mgrpo_verl.main_ppo, which sets the mode from the role"
             )
         super().__init__(config)
+        self.step_rows: StepRows | None = None  # the last step's rows, for its dump (fit's step 6)
 
     # ------------------------------------------------------------------------------------------ setup
 
@@ -300,8 +306,9 @@ class MultiAgentTrainer(PPOTrainer):
             self.on_advantages(table, batch)  # decoupled main side: publish its records
             # 3. align: every sub-agent to D_max rows per main rollout; each model's update set
             alignment, updates = self._plan_updates(table, advantage)
-        # 4. log: per-agent and alignment statistics of the real rows
+        # 4. log: per-agent and alignment statistics of the real rows; keep them for the rollout dump
         metrics.update(row_metrics(table, advantage, batch.tags, alignment))
+        self.step_rows = StepRows(self.global_steps, batch.partition_id, table, advantage, alignment)
         # 5. update each trainable model on its rows (aligned copies first, then verl's chain per model)
         keys, tags = self._train_models(batch, table, updates, metrics, timing_raw)
         return KVBatchMeta(partition_id=batch.partition_id, keys=keys, tags=tags)
@@ -420,6 +427,71 @@ class MultiAgentTrainer(PPOTrainer):
             return False
         pools = [self.resource_pool_manager.get_resource_pool((rt.name, self._role(rt))) for rt in agents]
         return len({id(pool) for pool in pools}) == len(pools)
+
+    # ---------------------------------------------------------------------------------- rollout dumps
+
+    def _log_rollout_data(self, batch: KVBatchMeta, timing_raw: dict, rollout_data_dir: str):
+        """fit's step 6 (``trainer.rollout_data_dir``): the step's real rows, each decoded with its own agent's
+        tokenizer, with its advantage and alignment fate, to ``<rollout_data_dir>/<step>.jsonl``
+        (docs/rollouts.md). Differs from verl, which decodes every key of the step (aligned copies and padding
+        rows included) with the main model's tokenizer and names no agent. A step that kept no
+        :class:`StepRows` (the decoupled sub side's) gets verl's dump."""
+        step = self.step_rows
+        if step is None or step.step != self.global_steps:
+            return super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+        with marked_timer("dump_rollout_generations", timing_raw, color="green"):
+            rows = rollout_log.read_rollouts(
+                list(step.table.keys), step.partition_id, step.step, rollout_log.TRAIN, self._tokenizer_of,
+                advantage=step.advantage, fates=rollout_log.alignment_fates(len(step.table), step.alignment),
+                trainable=self._agent_trains,
+            )
+            self._dump_rollouts(rows, rollout_log.dump_path(rollout_data_dir, step.step, rollout_log.TRAIN), rollout_log.TRAIN)
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation; with ``trainer.validation_data_dir``, every validation row is also read as verl samples
+        it (before verl clears it: :class:`~mgrpo_verl.trainer.rollout_log.SampleRecorder` stands in for the
+        replay buffer meanwhile) and dumped to ``<validation_data_dir>/agents/<step>.jsonl``, beside verl's own
+        ``<step>.jsonl`` (kept as verl writes it: ``experiments/research_eval.py`` reads it)."""
+        directory = self.config.trainer.get("validation_data_dir", None)
+        if not directory:
+            return super()._validate()
+        buffer = self.replay_buffer
+        recorder = rollout_log.SampleRecorder(buffer, self._read_validation_rows)
+        self.replay_buffer = recorder
+        try:
+            metrics = super()._validate()
+        finally:
+            self.replay_buffer = buffer
+        self._dump_rollouts(recorder.rows, rollout_log.dump_path(directory, self.global_steps, rollout_log.VAL), rollout_log.VAL)
+        return metrics
+
+    def _read_validation_rows(self, batch: KVBatchMeta) -> list[dict]:
+        return rollout_log.read_rollouts(list(batch.keys), batch.partition_id, self.global_steps, rollout_log.VAL,
+                                         self._tokenizer_of)
+
+    def _dump_rollouts(self, rows: list[dict], path: str, split: str) -> None:
+        """A table of sample trajectories per agent to the trackers (wandb, tensorboard: verl's ``Tracking``), then
+        the rows written to ``path`` in verl's dump thread (its failures surface at the next dump, as verl's)."""
+        rollout_log.log_sample_tables(getattr(self, "logger", None), rows, split, self.global_steps)
+        self._dump_futures.append(self._dump_executor.submit(rollout_log.write_rows, rows, path))
+        pending = []
+        for future in self._dump_futures:
+            if future.done():
+                future.result()
+            else:
+                pending.append(future)
+        self._dump_futures = pending
+
+    def _tokenizer_of(self, agent: str):
+        """The tokenizer of the model that plays ``agent`` (the main model's for an agent played elsewhere)."""
+        ma = self.multi_agent
+        rt = self.agents.get(ma.owner_of(agent)) if agent in ma.agents else None
+        return rt.tokenizer if rt is not None else self.tokenizer
+
+    def _agent_trains(self, agent: str) -> bool:
+        ma = self.multi_agent
+        rt = self.agents.get(ma.owner_of(agent)) if agent in ma.agents else None
+        return rt is not None and rt.trainable
 
     # ------------------------------------------------------------------------------------ checkpoints
 

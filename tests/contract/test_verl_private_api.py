@@ -118,9 +118,27 @@ SEAMS: tuple[Seam, ...] = (
          recheck="MultiAgentTrainer._setup: build_plan (the agent configs) must still come after every "
                  "config value this method writes; its trainer_mode checks see 'sync'"),
     Seam(f"{TRAINER_BASE}:PPOTrainer._init_dump_executor", (PER_AGENT,),
-         "called in our _setup as in verl's (rollout data dumps)",
+         "called in our _setup as in verl's (rollout data dumps); it sets _dump_executor (one thread) and "
+         "_dump_futures, which MultiAgentTrainer._dump_rollouts submits to and drains as verl's _dump_generations",
          params=("self",), sha256="05f0fe277e759c8debbe9404e9c8777f943f5b393b42decd478a7aea80558ebd",
-         recheck="MultiAgentTrainer._setup: still needed, still argument-free"),
+         recheck="MultiAgentTrainer._setup: still needed, still argument-free; _dump_rollouts: the two attributes",
+         names=("_init_dump_executor", "_dump_executor", "_dump_futures")),
+    Seam(f"{TRAINER_BASE}:PPOTrainer._log_rollout_data", (PER_AGENT,),
+         "overridden: fit's step 6 (trainer.rollout_data_dir) writes the step's real rows with agent, trajectory, "
+         "parent, turns, advantage and alignment fate (trainer/rollout_log.py) instead of verl's dump; called "
+         "before verl clears the step's TransferQueue rows",
+         params=("self", "batch", "timing_raw", "rollout_data_dir"),
+         overrides=("mgrpo_verl.trainer.per_agent:MultiAgentTrainer._log_rollout_data",),
+         sha256="c1fa53a46df397cb9c843ae919aa6798886d756e8864c27ac25c37602cfd218d",
+         recheck="MultiAgentTrainer._log_rollout_data: where verl writes (<dir>/<step>.jsonl), what it now dumps"),
+    Seam(f"{TRAINER_BASE}:PPOTrainer._validate", (PER_AGENT,),
+         "overridden around super(): with trainer.validation_data_dir, self.replay_buffer is a SampleRecorder "
+         "during the call, which reads every batch verl samples from partition 'val' before verl clears it "
+         "(verl's own validation dump, <dir>/<step>.jsonl, is left as it is)",
+         params=("self",), overrides=("mgrpo_verl.trainer.per_agent:MultiAgentTrainer._validate",),
+         sha256="f1d58a70e91d7883d78f827c5fb583094ae307c85f6e50ec7a6b4e44092f5bfa",
+         recheck="MultiAgentTrainer._validate / rollout_log.SampleRecorder: verl still samples each validation "
+                 "batch through self.replay_buffer.sample and clears it afterwards; its dump's file name"),
     Seam(f"{TRAINER_BASE}:PPOTrainer._init_resource_pool_mgr", (PER_AGENT,),
          "overridden: one pool (or the shared pool) per agent; we set role_worker_mapping, mapping and "
          "resource_pool_manager as verl's does, keyed by (agent, role)",
