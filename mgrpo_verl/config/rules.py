@@ -3,7 +3,7 @@
 The section's schema, defaults and per-field documentation are :mod:`mgrpo_verl.config.schema`, once.
 Here: :func:`check_multi_agent` (the section, then every rule that needs the rest of the config, in one
 function; :func:`mgrpo_verl.config.plan.build_plan` calls it), :func:`agent_full_config` (the config one model
-owner's workers get) and the config checks the launcher's pre-flight runs (``rollout.n``, model paths).
+owner's workers get) and the rule of one model's micro-batches (:func:`check_micro_batches`).
 
 Multi-agent mode does not support some verl features (each refused with its own message): a critic,
 ``algorithm.use_kl_in_reward``, an active ``algorithm.rollout_correction``, a reward model, distillation,
@@ -16,9 +16,7 @@ Everything here is pure: no Ray, no models; the input config is never modified.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -27,8 +25,6 @@ from mgrpo_verl.algorithms.config import MAGRPOConfig
 from mgrpo_verl.config import setting
 from mgrpo_verl.config.schema import AgentConfig, CooperationConfig, MultiAgentConfig, load_multi_agent, trainer_mode
 from mgrpo_verl.config.lora import check_lora
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_ADV_ESTIMATORS = ("grpo", "mgrpo")
 """Top-level ``algorithm.adv_estimator`` values accepted in multi-agent mode (critic-free ones)."""
@@ -325,119 +321,54 @@ def _check_micro_batches(fulls: Mapping[str, DictConfig], owners: list[AgentConf
     ``auto``), over its GPUs: every micro-batch of the log-prob passes (all rows at once) must divide
     B x n / GPUs, and the update's must divide one mini-batch, ppo_mini_batch_size x n / GPUs. Passes with a
     dynamic batch size are not split this way."""
-    arr = "actor_rollout_ref"
     for spec in owners:
-        full = fulls[spec.name]
-        batch, n = setting(full, "data.train_batch_size"), setting(full, f"{arr}.rollout.n")
-        world, mini = setting(full, "trainer.n_gpus_per_node"), setting(full, f"{arr}.actor.ppo_mini_batch_size")
-        if not all(_is_int(v) and v > 0 for v in (batch, n, world)):
-            continue  # refused elsewhere (rollout.n, n_gpus_per_node) or left to verl
-        if batch * n % world:
-            raise ValueError(
-                f"data.train_batch_size x {spec.key_of('rollout.n')} = {batch} x {n} rows are not a multiple of the "
-                f"{world} GPUs of agent {spec.name!r}'s model (multi_agent.agents.{spec.name}.n_gpus_per_node, or every "
-                f"GPU with multi_agent.placement=shared): verl splits a model's rows evenly over its GPUs"
-            )
-        per_gpu = {"log-prob": batch * n // world, "update": mini * n // world if _is_int(mini) and mini > 0 else None}
-        passes = [("rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_use_dynamic_bsz", "log-prob"),
-                  ("actor.ppo_micro_batch_size_per_gpu", "actor.use_dynamic_bsz", "update")]
-        if setting(full, f"{arr}.actor.use_kl_loss"):  # verl computes reference log-probs only for a KL loss here
-            passes.append(("ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_use_dynamic_bsz", "log-prob"))
-        for leaf, dynamic, kind in passes:
-            value, unit = setting(full, f"{arr}.{leaf}"), per_gpu[kind]
-            if unit is None or setting(full, f"{arr}.{dynamic}") or not _is_int(value) or value <= 0 or unit % value == 0:
-                continue
-            rows = (f"data.train_batch_size x rollout.n = {batch} x {n}" if kind == "log-prob" else
-                    f"one mini-batch, {spec.key_of('actor.ppo_mini_batch_size')} x rollout.n = {mini} x {n}")
-            raise ValueError(
-                f"{spec.key_of(leaf)} is {value} but agent {spec.name!r}'s model gets {unit} rows per GPU in each "
-                f"{kind} pass ({rows} rows over {world} GPU(s); a sub-agent's model that many times D_max): verl "
-                f"cuts them into micro-batches of {value} and asserts whole ones at step 1; set it to a divisor of {unit}"
-            )
-
-
-# ----------------------------------------------------------------------------------------------------
-# fail-fast checks of the rest of the run's config, called before Ray starts (mgrpo_verl.main_ppo.run)
-
-GROUP_RELATIVE_ESTIMATORS = ("grpo", "grpo_vectorized", "mgrpo")
-"""Top-level ``algorithm.adv_estimator`` values whose baseline is the mean score of a prompt's n responses."""
-
-
-def check_rollout_n(config: DictConfig) -> None:
-    """``actor_rollout_ref.rollout.n`` is an int >= 1 (verl takes 0 or a negative n and fails minutes later in
-    the replay buffer). n = 1 with a group-relative estimator is allowed with a warning, not refused: verl's
-    GRPO (and our M-GRPO) give a group of one mean 0 and std 1, so the advantage is the raw score (no
-    baseline); MAGRPO requires n = 1, and M-GRPO's sub-agent groups can still have several members."""
-    n = setting(config, "actor_rollout_ref.rollout.n")
-    if not _is_int(n) or n < 1:
-        raise ValueError(f"actor_rollout_ref.rollout.n must be an int >= 1 (responses per prompt), got {n!r}")
-    if n > 1:
-        return
-    if multi_agent_enabled(config):
-        algorithm = setting(config, "multi_agent.algorithm") or "mgrpo"
-        relative = algorithm in ("mgrpo", "grpo")
-        what = f"multi_agent.algorithm={algorithm}"
-    else:
-        estimator = setting(config, "algorithm.adv_estimator")
-        relative = estimator in GROUP_RELATIVE_ESTIMATORS
-        what = f"algorithm.adv_estimator={estimator}"
-    if relative:
-        logger.warning(
-            "actor_rollout_ref.rollout.n=1 with %s: each prompt's group has one response, whose advantage is then its "
-            "raw score (group mean 0, std 1, as in verl's GRPO) instead of a score relative to the group; use n >= 2 "
-            "for group-relative advantages", what,
+        _check_model_micro_batches(
+            fulls[spec.name], spec.key_of, f"agent {spec.name!r}'s model", setting(fulls[spec.name], "trainer.n_gpus_per_node"),
+            f"multi_agent.agents.{spec.name}.n_gpus_per_node, or every GPU with multi_agent.placement=shared",
+            "; a sub-agent's model that many times D_max",
         )
 
 
-def _hub_id(value: str) -> bool:
-    """Whether ``value`` is a valid Hugging Face repo id (``name`` or ``org/name``); checked offline."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(value)
-    except HFValidationError:
-        return False
-    return True
+def check_micro_batches(config: DictConfig) -> None:
+    """The rule of :func:`_check_micro_batches` for a single-model run (``--config-name single_agent``): B x n
+    rows over trainer.nnodes x trainer.n_gpus_per_node GPUs. Raises ``ValueError`` naming the keys."""
+    nodes, per_node = setting(config, "trainer.nnodes", 1), setting(config, "trainer.n_gpus_per_node")
+    world = nodes * per_node if all(_is_int(v) and v > 0 for v in (nodes, per_node)) else None
+    _check_model_micro_batches(config, lambda leaf: f"actor_rollout_ref.{leaf}", "the model", world,
+                               "trainer.nnodes x trainer.n_gpus_per_node", "")
 
 
-def _check_model_location(key: str, value: Any, required: bool, pending: Collection[str]) -> None:
-    """A model / tokenizer location verl can open: an existing local path (or one in ``pending``, written before
-    the workers start), an ``hdfs://`` path or a hub id. verl finds a bad one only when its workers load the model;
-    we never contact the hub here."""
-    if value is None and not required or isinstance(value, str) and value in pending:
-        return
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{key} must be a local path or a Hugging Face repo id, got {value!r}")
-    if value.startswith("hdfs://"):
-        return
-    if value.endswith("/") and len(value) > 1:
-        raise ValueError(f"{key}={value!r}: remove the trailing '/' (verl refuses model paths that end with one)")
-    if os.path.exists(value) or _hub_id(value):
-        return
-    hint = ""
-    if value.startswith("~") and os.path.exists(os.path.expanduser(value)):
-        hint = f"; verl does not expand '~': use {os.path.expanduser(value)!r}"
-    raise ValueError(
-        f"{key}={value!r}: no such local path, and not a Hugging Face repo id ('name' or 'org/name') either{hint}"
-    )
-
-
-def check_model_paths(config: DictConfig, ma: Optional[MultiAgentConfig] = None, pending: Collection[str] = ()) -> None:
-    """``actor_rollout_ref.model.path`` / ``tokenizer_path`` at the top level and, for every model owner of ``ma``,
-    the ones its ``multi_agent.agents.<name>.actor_rollout_ref`` overrides set. Reads resolved values (call it
-    after ``OmegaConf.resolve``, which builds the built-in models). Paths in ``pending`` (a warm start the
-    launcher builds next) pass."""
-    for leaf, required in (("path", True), ("tokenizer_path", False)):
-        key = f"actor_rollout_ref.model.{leaf}"
-        _check_model_location(key, setting(config, key), required, pending)
-    for spec in (ma.model_owners if ma is not None else ()):
-        model = spec.actor_rollout_ref.get("model")
-        if not isinstance(model, Mapping):
+def _check_model_micro_batches(full: DictConfig, key_of: Callable[[str], str], who: str, world: Any, gpus: str,
+                               note: str) -> None:
+    """One model's micro-batches (:func:`_check_micro_batches`): ``full`` is its full config, ``key_of`` names
+    the key a user sets for an ``actor_rollout_ref.`` leaf, ``world`` its GPUs (``gpus`` says which keys set
+    them), ``who`` and ``note`` word the error."""
+    arr = "actor_rollout_ref"
+    batch, n = setting(full, "data.train_batch_size"), setting(full, f"{arr}.rollout.n")
+    mini = setting(full, f"{arr}.actor.ppo_mini_batch_size")
+    if not all(_is_int(v) and v > 0 for v in (batch, n, world)):
+        return  # refused elsewhere (rollout.n, n_gpus_per_node) or left to verl
+    if batch * n % world:
+        raise ValueError(
+            f"data.train_batch_size x {key_of('rollout.n')} = {batch} x {n} rows are not a multiple of the "
+            f"{world} GPUs of {who} ({gpus}): verl splits a model's rows evenly over its GPUs"
+        )
+    per_gpu = {"log-prob": batch * n // world, "update": mini * n // world if _is_int(mini) and mini > 0 else None}
+    passes = [("rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_use_dynamic_bsz", "log-prob"),
+              ("actor.ppo_micro_batch_size_per_gpu", "actor.use_dynamic_bsz", "update")]
+    if setting(full, f"{arr}.actor.use_kl_loss"):  # verl computes reference log-probs only for a KL loss here
+        passes.append(("ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_use_dynamic_bsz", "log-prob"))
+    for leaf, dynamic, kind in passes:
+        value, unit = setting(full, f"{arr}.{leaf}"), per_gpu[kind]
+        if unit is None or setting(full, f"{arr}.{dynamic}") or not _is_int(value) or value <= 0 or unit % value == 0:
             continue
-        for leaf in ("path", "tokenizer_path"):
-            if leaf in model:
-                key = f"multi_agent.agents.{spec.name}.actor_rollout_ref.model.{leaf}"
-                _check_model_location(key, setting(config, key), leaf == "path", pending)
+        rows = (f"data.train_batch_size x rollout.n = {batch} x {n}" if kind == "log-prob" else
+                f"one mini-batch, {key_of('actor.ppo_mini_batch_size')} x rollout.n = {mini} x {n}")
+        raise ValueError(
+            f"{key_of(leaf)} is {value} but {who} gets {unit} rows per GPU in each "
+            f"{kind} pass ({rows} rows over {world} GPU(s){note}): verl "
+            f"cuts them into micro-batches of {value} and asserts whole ones at step 1; set it to a divisor of {unit}"
+        )
 
 
 def _schema_class(target: Any) -> Optional[type]:

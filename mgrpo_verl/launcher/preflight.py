@@ -4,22 +4,28 @@ engines, model files, a reachable store, GPU memory). Each raises ``ValueError``
 bad value; verl would find most of these minutes later, inside a Ray worker's log, or never.
 
 The multi-agent rules across sections are the plan's (:func:`mgrpo_verl.config.plan.build_plan`, run just
-before); here is what a plan cannot know by itself.
+before); here is what a plan cannot know by itself, and a single model's micro-batches (the rule the plan
+applies to each multi-agent model owner, :func:`mgrpo_verl.config.rules.check_micro_batches`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import math
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from mgrpo_verl.config import setting
 from mgrpo_verl.config.plan import RunPlan
-from mgrpo_verl.config.rules import check_model_paths, check_rollout_n
+from mgrpo_verl.config.rules import check_micro_batches
+
+logger = logging.getLogger(__name__)
 
 #: rollout engines served by a package of their own, and the extra that installs it (README "Install on GPUs")
 ENGINE_PACKAGES = {"vllm": ("vllm", "vllm"), "sglang": ("sglang", "sglang")}
@@ -38,15 +44,17 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
     from mgrpo_verl.trainer.memory import check_memory, read_model_config
 
     config, pending = plan.config, dict(pending_models or {})
-    check_rollout_n(config)  # verl takes n <= 0 and fails minutes later in the replay buffer
+    check_rollout_n(plan)  # verl takes n <= 0 and fails minutes later in the replay buffer
     check_values(plan)
+    if plan.multi_agent is None:  # one model: the rule the plan applies to each multi-agent model owner
+        check_micro_batches(config)
     check_rollout_engines(plan)
     if on_cpu:
         check_vllm_on_cpu(plan, pending)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     if not config.trainer.use_v1:
         raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")
-    check_model_paths(config, plan.multi_agent, pending)
+    check_model_paths(plan, pending)
     if plan.multi_agent is None:
         return
     if plan.multi_agent.decoupled.role is not None:
@@ -156,3 +164,85 @@ def check_vllm_on_cpu(plan: RunPlan, pending_models: Optional[Mapping[str, str]]
                              f"dimensions, which vLLM's CPU attention does not serve (it serves "
                              f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); the built-in tiny_h32 / tiny_h32_sub models "
                              f"are tiny with heads of 32 (+preset=vllm_cpu uses them)")
+
+
+GROUP_RELATIVE_ESTIMATORS = ("grpo", "grpo_vectorized", "mgrpo")
+"""Top-level ``algorithm.adv_estimator`` values whose baseline is the mean score of a prompt's n responses."""
+
+
+def check_rollout_n(plan: RunPlan) -> None:
+    """``actor_rollout_ref.rollout.n`` is an int >= 1 (verl takes 0 or a negative n and fails minutes later in
+    the replay buffer). n = 1 with a group-relative estimator is allowed with a warning, not refused: verl's
+    GRPO (and our M-GRPO) give a group of one mean 0 and std 1, so the advantage is the raw score (no
+    baseline); MAGRPO requires n = 1, and M-GRPO's sub-agent groups can still have several members."""
+    n = setting(plan.config, "actor_rollout_ref.rollout.n")
+    if not _positive_int(n):
+        raise ValueError(f"actor_rollout_ref.rollout.n must be an int >= 1 (responses per prompt), got {n!r}")
+    if n > 1:
+        return
+    if plan.multi_agent is not None:
+        algorithm = plan.multi_agent.algorithm
+        relative = algorithm in ("mgrpo", "grpo")
+        what = f"multi_agent.algorithm={algorithm}"
+    else:
+        estimator = setting(plan.config, "algorithm.adv_estimator")
+        relative = estimator in GROUP_RELATIVE_ESTIMATORS
+        what = f"algorithm.adv_estimator={estimator}"
+    if relative:
+        logger.warning(
+            "actor_rollout_ref.rollout.n=1 with %s: each prompt's group has one response, whose advantage is then its "
+            "raw score (group mean 0, std 1, as in verl's GRPO) instead of a score relative to the group; use n >= 2 "
+            "for group-relative advantages", what,
+        )
+
+
+def _hub_id(value: str) -> bool:
+    """Whether ``value`` is a valid Hugging Face repo id (``name`` or ``org/name``); checked offline."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _check_model_location(key: str, value: Any, required: bool, pending: Collection[str]) -> None:
+    """A model / tokenizer location verl can open: an existing local path (or one in ``pending``, written before
+    the workers start), an ``hdfs://`` path or a hub id. verl finds a bad one only when its workers load the model;
+    we never contact the hub here."""
+    if value is None and not required or isinstance(value, str) and value in pending:
+        return
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key} must be a local path or a Hugging Face repo id, got {value!r}")
+    if value.startswith("hdfs://"):
+        return
+    if value.endswith("/") and len(value) > 1:
+        raise ValueError(f"{key}={value!r}: remove the trailing '/' (verl refuses model paths that end with one)")
+    if os.path.exists(value) or _hub_id(value):
+        return
+    hint = ""
+    if value.startswith("~") and os.path.exists(os.path.expanduser(value)):
+        hint = f"; verl does not expand '~': use {os.path.expanduser(value)!r}"
+    raise ValueError(
+        f"{key}={value!r}: no such local path, and not a Hugging Face repo id ('name' or 'org/name') either{hint}"
+    )
+
+
+def check_model_paths(plan: RunPlan, pending: Collection[str] = ()) -> None:
+    """``actor_rollout_ref.model.path`` / ``tokenizer_path`` at the top level and, for every model owner of the
+    plan, the ones its ``multi_agent.agents.<name>.actor_rollout_ref`` overrides set. Reads resolved values (call it
+    after ``OmegaConf.resolve``, which builds the built-in models). Paths in ``pending`` (a warm start the
+    launcher builds next) pass."""
+    config, ma = plan.config, plan.multi_agent
+    for leaf, required in (("path", True), ("tokenizer_path", False)):
+        key = f"actor_rollout_ref.model.{leaf}"
+        _check_model_location(key, setting(config, key), required, pending)
+    for spec in (ma.model_owners if ma is not None else ()):
+        model = spec.actor_rollout_ref.get("model")
+        if not isinstance(model, Mapping):
+            continue
+        for leaf in ("path", "tokenizer_path"):
+            if leaf in model:
+                key = f"multi_agent.agents.{spec.name}.actor_rollout_ref.model.{leaf}"
+                _check_model_location(key, setting(config, key), leaf == "path", pending)

@@ -24,8 +24,8 @@ import verl.trainer.main_ppo  # imported once here, so that the timed calls meas
 
 from mgrpo_verl import main_ppo
 from mgrpo_verl.launcher.resolvers import register_resolvers
-from mgrpo_verl.config.plan import build_plan
-from mgrpo_verl.config.rules import check_model_paths
+from mgrpo_verl.config.plan import RunPlan, build_plan
+from mgrpo_verl.launcher.preflight import check_model_paths
 
 register_resolvers()
 
@@ -38,9 +38,10 @@ class ReachedRay(Exception):
     """verl's run_ppo was called: every check before Ray passed."""
 
 
-def _compose(*overrides: str, tmp_path: Path):
+def _compose(*overrides: str, tmp_path: Path, name: str = "mgrpo_trainer"):
+    task = ["task=relay"] if name == "mgrpo_trainer" else []
     with initialize_config_module("mgrpo_verl.config", version_base=None):
-        return compose("mgrpo_trainer", overrides=["task=relay", f"trainer.default_local_dir={tmp_path}", *overrides])
+        return compose(name, overrides=[*task, f"trainer.default_local_dir={tmp_path}", *overrides])
 
 
 @pytest.fixture
@@ -55,8 +56,8 @@ def run(monkeypatch, tmp_path):
     monkeypatch.setattr(ray, "init", lambda *a, **k: inits.append((a, k)))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id passes our checks; nothing may download it
 
-    def call(*overrides: str) -> tuple[BaseException, float]:
-        config = _compose(*overrides, tmp_path=tmp_path)
+    def call(*overrides: str, name: str = "mgrpo_trainer") -> tuple[BaseException, float]:
+        config = _compose(*overrides, tmp_path=tmp_path, name=name)
         ray_before = ray.is_initialized()  # an earlier test of this process may have left Ray up
         start = time.monotonic()
         with pytest.raises(BaseException) as info:
@@ -69,8 +70,8 @@ def run(monkeypatch, tmp_path):
     return call
 
 
-def _refused(run, *overrides: str, names: tuple[str, ...]) -> str:
-    err, seconds = run(*overrides)
+def _refused(run, *overrides: str, names: tuple[str, ...], config_name: str = "mgrpo_trainer") -> str:
+    err, seconds = run(*overrides, name=config_name)
     assert isinstance(err, ValueError), f"{overrides}: expected a ValueError before Ray, got {err!r}"
     message = str(err)
     for name in names:
@@ -87,7 +88,7 @@ def test_rollout_n_below_one(run, n):
 def test_rollout_n_one_is_a_warning_not_an_error(run, caplog):
     """n=1: verl's GRPO gives a group of one mean 0 and std 1 (advantage = raw score), a valid if weak setting,
     so it is allowed, with a warning (MAGRPO even requires n=1)."""
-    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.config.rules"):
+    with caplog.at_level(logging.WARNING, logger="mgrpo_verl.launcher.preflight"):
         err, _ = run("actor_rollout_ref.rollout.n=1", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                      *MICRO_BATCHES_OF_4)
     assert isinstance(err, ReachedRay), err
@@ -106,6 +107,20 @@ def test_rollout_n_that_leaves_a_partial_micro_batch(run, n, per_gpu):
     _refused(run, f"actor_rollout_ref.rollout.n={n}",
              names=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu is 16", f"{per_gpu} rows per GPU",
                     f"a divisor of {per_gpu}"))
+
+
+def test_single_agent_rollout_n_that_leaves_a_partial_micro_batch(run):
+    """``--config-name single_agent``: 8 prompts x n rows on one GPU, micro-batches of 16. n=1 reached Ray and
+    verl's step-1 assertion; the plan's rule now covers the one model too, naming the key. n=2 (16 rows) divides
+    the micro-batch and reaches Ray, as the default n=8 does."""
+    _refused(run, "actor_rollout_ref.rollout.n=1", config_name="single_agent",
+             names=("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu is 16", "the model gets",
+                    "8 rows per GPU", "a divisor of 8"))
+    _refused(run, "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", config_name="single_agent",
+             names=("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is 32", "one mini-batch", "16 rows per GPU"))
+    for ok in ("actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.n=8"):
+        err, _ = run(ok, name="single_agent")
+        assert isinstance(err, ReachedRay), (ok, err)
 
 
 def test_shared_placement_on_two_gpus_leaves_a_partial_micro_batch_and_on_one_reaches_ray(run):
@@ -208,7 +223,7 @@ def test_model_path_rules(tmp_path):
     from omegaconf import OmegaConf
 
     def check(path, tokenizer=None):
-        check_model_paths(OmegaConf.create({"actor_rollout_ref": {"model": {"path": path, "tokenizer_path": tokenizer}}}))
+        check_model_paths(RunPlan(OmegaConf.create({"actor_rollout_ref": {"model": {"path": path, "tokenizer_path": tokenizer}}})))
 
     for ok in (str(tmp_path), "gpt2", "Qwen/Qwen2.5-0.5B-Instruct", "hdfs://cluster/models/x"):
         check(ok)
