@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig
@@ -34,6 +34,7 @@ from mgrpo_verl.rowmeta import RowMeta, main_traj_id, sub_traj_id
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_C = TypeVar("_C")
 
 #: tokenizer path -> tokenizer, for sub-agents whose model differs from the main agent's (per process).
 TOKENIZERS: dict[str, Any] = {}
@@ -235,6 +236,26 @@ def score_trajectory(
                    sub_calls=None if sub_calls is None else tuple(sub_calls))
     return ScoredTrajectory(score, main, subs, info)
 
+
+
+def trajectory_rows(
+    scored: ScoredTrajectory,
+    calls: Sequence[_C],
+    sub_row: Callable[[_C, dict[str, Any], dict[str, Any], float], AgentLoopOutput] | None,
+    main_row: Callable[[dict[str, Any], dict[str, Any], float], AgentLoopOutput],
+) -> list[AgentLoopOutput]:
+    """A delegation trajectory's rows, ``[sub rows..., main row]``, as every delegation loop returns them: one
+    ``sub_row(call, meta, reward_extra_info, score)`` per answered call of ``calls`` (one per report of
+    ``scored``, in call order; a failed call has no row), then ``main_row(meta, reward_extra_info, score)``.
+    ``meta`` is the row's :class:`~mgrpo_verl.rowmeta.RowMeta` written (:meth:`~mgrpo_verl.rowmeta.RowMeta.write`),
+    ``score`` the main score; each sub row gets its own copy of the query's ``reward_extra_info``. ``sub_row`` is
+    ``None`` where the trajectory has no calls here (a decoupled main side: the sub side keeps the sub rows)."""
+    if sub_row is None and calls:
+        raise ValueError("trajectory_rows: calls without a sub_row to build their rows")
+    rows = [sub_row(call, meta.write(), dict(scored.reward_extra_info), scored.score)
+            for call, meta in zip(calls, scored.subs, strict=True) if meta is not None]
+    rows.append(main_row(scored.main.write(), scored.reward_extra_info, scored.score))
+    return rows
 
 
 def tokenizer_path(agent_config: Any) -> str | None:

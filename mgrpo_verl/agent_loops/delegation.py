@@ -116,7 +116,7 @@ class _MainTurns:
         """New tokens the response can still take."""
         return max(0, self.response_length - len(self.mask))
 
-    def row(self, extra_fields: dict[str, Any], score: float) -> AgentLoopOutput:
+    def main_row(self, mgrpo: dict[str, Any], reward_extra_info: dict[str, Any], score: float) -> AgentLoopOutput:
         """The main row, cut to ``response_length`` (ids, mask and log-probs together)."""
         start = len(self.runtime) - len(self.mask)  # where the response begins (CT merges may edit the prefix)
         n = min(len(self.mask), self.response_length)
@@ -131,7 +131,7 @@ class _MainTurns:
                 tool_calls=self.calls_seconds,
                 num_preempted=common.preempted(self.generations),
             ),
-            extra_fields={**common.merge_generation_fields(self.generations), **extra_fields},
+            extra_fields={**common.merge_generation_fields(self.generations), ROW_META: mgrpo, "reward_extra_info": reward_extra_info},
             reward_score=score,
         )
 
@@ -194,10 +194,9 @@ class RelayDelegationLoop(AgentLoopBase):
             main_tokens=sum(len(g.token_ids) for g in turns.generations),
             sub_tokens=sum(len(call.token_ids) for call in answered),
         )
-        rows = [sub_row(sub_prompt, call, meta.write(), scored.reward_extra_info, scored.score)
-                for call, meta in zip(calls, scored.subs, strict=True) if meta is not None]
-        rows.append(turns.row({ROW_META: scored.main.write(), "reward_extra_info": scored.reward_extra_info}, scored.score))
-        return rows
+        return common.trajectory_rows(
+            scored, calls, lambda call, meta, info, score: sub_row(sub_prompt, call, meta, info, score), turns.main_row
+        )
 
     async def _run_remote(
         self, turns: _MainTurns, sub: common.AgentHandle, kwargs: dict[str, Any], prefix: str, digit: str, plan_text: str,
@@ -244,7 +243,7 @@ class RelayDelegationLoop(AgentLoopBase):
             sub_calls=used, main_tokens=sum(len(g.token_ids) for g in turns.generations),
             sub_tokens=sum(r.response_tokens for r in replies if isinstance(r, SubCallReply)),
         )
-        return [turns.row({ROW_META: scored.main.write(), "reward_extra_info": scored.reward_extra_info}, scored.score)]
+        return common.trajectory_rows(scored, [], None, turns.main_row)  # the sub side keeps the sub rows
 
     async def _main_turn(self, turns: _MainTurns, sampling_params: dict[str, Any], max_tokens: int) -> str:
         """One main-agent generation (at most ``max_tokens`` and the room left), appended; returns its text."""

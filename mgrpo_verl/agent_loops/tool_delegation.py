@@ -564,7 +564,8 @@ class ToolDelegationLoop(ToolAgentLoop):
             **{f"tool/{name}": count for name, count in sorted(state.tool_uses.items())},
             **{"tool/parse_errors": state.parse_errors},
         )
-        rows = [_output_row(call.output, call.generations, meta.write(), dict(scored.reward_extra_info), scored.score)
-                for call, meta in zip(state.calls, scored.subs, strict=True) if meta is not None]  # in call order
-        rows.append(_output_row(output, state.main.generations, scored.main.write(), scored.reward_extra_info, scored.score))
-        return rows
+        return common.trajectory_rows(
+            scored, state.calls,
+            lambda call, meta, info, score: _output_row(call.output, call.generations, meta, info, score),
+            lambda meta, info, score: _output_row(output, state.main.generations, meta, info, score),
+        )
