@@ -150,10 +150,11 @@ def test_an_exported_token_is_kept(tmp_path):
 # every listening socket of the session's processes, and two outsiders joining it from other processes: one with
 # no token (as anyone who can reach the port), one with the session's token (the control: the address is right).
 DOORS = """
-import json, os, subprocess, sys, time
+import json, os, runpy, subprocess, sys, time
 import psutil, ray
 import transfer_queue as tq
 from mgrpo_verl.platform import ray_cpu_session
+doors = runpy.run_path(os.environ["MGRPO_DOORS_PY"])
 
 JOIN = "import os, ray; ray.init(address=os.environ['TARGET']); print('JOINED', ray.get(ray.remote(lambda: os.getuid()).remote()))"
 info = {}
@@ -164,8 +165,10 @@ with ray_cpu_session(num_cpus=4) as s:
     def who(pid):  # e.g. "gcs_server", "raylet", "ray::TransferQueueController"
         p = psutil.Process(pid)
         return p.cmdline()[0] if p.cmdline()[0].startswith("ray::") else p.name()
-    info["listening"] = sorted({(c.laddr.ip, who(c.pid))
-                                for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.pid in pids})
+    sockets = doors["listening"](pids)
+    info["listening"] = sorted({(ip, name) for ip, _, name in sockets})
+    # every listening port knocked on at this machine's routable addresses, as another machine would
+    info["knocks"] = doors["knock_all"]([port for _, port, _ in sockets], json.loads(os.environ["ROUTABLE"]))
     # an outsider's environment: nothing of the session's (no RAY_AUTH_*), its own HOME; it gives up after 3 tries;
     # it runs on this machine, so it may reach loopback (Ray's client would otherwise rewrite 127.0.0.1 into the
     # routable address, where nothing listens)
@@ -184,13 +187,28 @@ print(json.dumps(info))
 """
 
 
+def _doors():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mgrpo_test_doors", Path(__file__).parents[1] / "security" / "doors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_session_is_closed_to_the_network(python_runner, tmp_path):
     """Issue 29, item 1 and 3. On the old settings (``RAY_AUTH_MODE=disabled``, Ray's routable node address) the
     token-less outsider joined and ran a task, and the GCS, raylet, workers and TransferQueue's sockets listened on
-    all interfaces or the node's routable address."""
+    all interfaces or the node's routable address. Every listening port of the session, TransferQueue's included, is
+    also knocked on at this machine's routable address (tests/security/doors.py): each knock is refused."""
+    import json
+
+    doors = _doors()
+    routable = doors.routable_addresses()
     home = tmp_path / "home"
     home.mkdir()
-    out = python_runner(DOORS, env={"HOME": str(home)}, timeout=600)
+    out = python_runner(DOORS, env={"HOME": str(home), doors.PATH_ENV: doors.PATH, "ROUTABLE": json.dumps(routable)},
+                        timeout=600)
     assert out["address"].startswith("127.0.0.1:")
     exposed = [(ip, proc) for ip, proc in out["listening"] if ip not in ("127.0.0.1", "::ffff:127.0.0.1", "::1")]
     assert exposed == [], f"listening beyond loopback: {exposed}"
@@ -202,6 +220,11 @@ def test_the_session_is_closed_to_the_network(python_runner, tmp_path):
         assert out[who]["refused_for_token"], (who, out[who]["tail"])  # refused by authentication, not unreachable
     assert out["token"]["rc"] == 0 and out["token"]["joined"], out["token"]["tail"]
     assert _home_files(home) == [], "files written to $HOME"
+    if not routable:
+        pytest.skip(f"sockets checked, no knock: {doors.NO_ADDRESS}")
+    assert len(out["knocks"]) >= 4 * len(routable), out["knocks"]  # GCS, raylet, TransferQueue's two at least
+    assert doors.opened(out["knocks"]) == [], f"let in from {routable}: {out['knocks']}"
+    assert set(out["knocks"].values()) == {"refused"}, out["knocks"]  # refused at once: nothing listens there
 
 
 # --------------------------------------------------------------------- Ray's import-time settings (patches/README.md)

@@ -122,9 +122,10 @@ def test_patched_functions_create_a_gloo_group(python_runner, port):
 
 
 #: one rank of a gloo group through verl's Ray-worker entry point (patched, or verl's own with the backend fixed), then
-#: the rank's listening sockets on MASTER_PORT and an all-reduce over the group
+#: the rank's listening sockets on MASTER_PORT, an all-reduce over the group, and (rank 0) a knock on MASTER_PORT at
+#: each of this machine's routable addresses (tests/security/doors.py), as another machine would
 GROUP_RANK = """
-import json, os, psutil, torch, torch.distributed as dist, verl
+import json, os, psutil, runpy, torch, torch.distributed as dist, verl
 import mgrpo_verl.platform.verl_cpu_process_group as patch
 from verl.utils.distributed import initialize_global_process_group_ray
 if os.environ["WHICH"] == "patched":
@@ -136,12 +137,25 @@ listening = sorted({c.laddr.ip for c in psutil.net_connections("inet")
                     if c.status == "LISTEN" and c.pid == os.getpid() and c.laddr.port == port})
 t = torch.full((2,), float(dist.get_rank() + 1))
 dist.all_reduce(t)
-print(json.dumps({"listening": listening, "sum": t.tolist(), "world": dist.get_world_size()}))
+knocks = {}
+if dist.get_rank() == 0:
+    knocks = runpy.run_path(os.environ["MGRPO_DOORS_PY"])["knock_all"]([port], json.loads(os.environ["ROUTABLE"]))
+dist.barrier()
+print(json.dumps({"listening": listening, "sum": t.tolist(), "world": dist.get_world_size(), "knocks": knocks}))
 dist.destroy_process_group()
 """
 
 
-def _group(which: str, port: int, world_size: int) -> list[dict]:
+def _doors():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mgrpo_test_doors", REPO / "tests" / "security" / "doors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _group(which: str, port: int, world_size: int, routable: list[str] = ()) -> list[dict]:
     import json
     import os
     import subprocess
@@ -151,7 +165,8 @@ def _group(which: str, port: int, world_size: int) -> list[dict]:
     for rank in range(world_size):
         env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "RAY_ADDRESS")}
         env.update(MGRPO_VERL_DEVICE="cpu", RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), WHICH=which,
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
+                   MGRPO_DOORS_PY=str(REPO / "tests" / "security" / "doors.py"), ROUTABLE=json.dumps(list(routable)))
         procs.append(subprocess.Popen([sys.executable, "-c", GROUP_RANK], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = []
@@ -167,15 +182,23 @@ def test_the_group_store_listens_on_master_addr_only(port, world_size):
     """Issue 29: verl's Ray workers create their process group through torch's env:// store, whose server (rank 0)
     listens on every interface whatever MASTER_ADDR says; the patched entry point serves it on MASTER_ADDR (the CPU
     run's Ray session makes it 127.0.0.1). verl's own function, run the same way, is the control: it listens beyond
-    loopback, so this test sees the difference. The group works either way (an all-reduce over both ranks)."""
+    loopback, so this test sees the difference. The group works either way (an all-reduce over both ranks). Both
+    are knocked on at this machine's routable address while the group is up: the patched store refuses, verl's own
+    lets the knock in (the control: the knock sees an open door)."""
+    doors = _doors()
+    routable = doors.routable_addresses()
     expected_sum = [float(world_size * (world_size + 1) // 2)] * 2
-    patched = _group("patched", port, world_size)
+    patched = _group("patched", port, world_size, routable)
     assert patched[0]["listening"] == ["127.0.0.1"], patched
     assert all(o["sum"] == expected_sum and o["world"] == world_size for o in patched), patched
     assert all(o["listening"] == [] for o in patched[1:]), patched  # only rank 0 serves
-    original = _group("original", port, world_size)
+    original = _group("original", port, world_size, routable)
     assert original[0]["listening"] and not set(original[0]["listening"]) <= {"127.0.0.1", "::1"}, original
     assert all(o["sum"] == expected_sum for o in original), original
+    if not routable:
+        pytest.skip(f"sockets checked, no knock: {doors.NO_ADDRESS}")
+    assert set(patched[0]["knocks"].values()) == {"refused"} and len(patched[0]["knocks"]) == len(routable), patched
+    assert doors.opened(original[0]["knocks"]), original  # verl's own lets the knock in
 
 
 @pytest.fixture

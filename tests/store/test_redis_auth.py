@@ -108,3 +108,21 @@ def test_loopback_names_and_masking():
     assert redacted("redis://user:secret@h:1/0?prefix=x") == "redis://user:***@h:1/0?prefix=x"
     assert redacted("redis://:secret@h:1/0") == "redis://:***@h:1/0"
     assert redacted("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_the_test_server_is_refused_from_the_routable_address(new_redis):
+    """The throw-away server (tests, bench_store) binds 127.0.0.1: a knock on its port at this machine's routable
+    address, as from another machine, is refused (tests/security/doors.py); on loopback it answers."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("mgrpo_test_doors", Path(__file__).parents[1] / "security" / "doors.py")
+    doors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doors)
+    server = new_redis("door").start()
+    routable = doors.routable_addresses()
+    if not routable:
+        pytest.skip(doors.NO_ADDRESS)
+    knocks = doors.knock_all([server.port], routable)
+    assert set(knocks.values()) == {"refused"}, knocks
+    assert doors.knock("127.0.0.1", server.port) == "accepted"

@@ -24,6 +24,18 @@ from mgrpo_verl.models.tiny import build_once
 from mgrpo_verl.warmstart import build, sft
 
 LOOPBACK = ("127.0.0.1", "::ffff:127.0.0.1", "::1")
+
+
+def _doors():
+    """tests/security/doors.py, by path (pytest's importlib mode; verl ships a top-level ``tests`` package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mgrpo_test_doors", Path(__file__).parents[1] / "security" / "doors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 #: a build that is still in its first SFT run when it is killed
 ARGS = ["--n-train", "16", "--n-val", "4", "--steps", "400", "--main-restart-steps", "0", "--sub-steps", "2",
         "--batch-size", "4", "--n-eval", "0"]
@@ -79,7 +91,10 @@ def test_killing_the_build_leaves_no_sft_process_and_no_folder(sig, tmp_path, ca
     """Before the fix the SFT worker ran under torchrun in a session of its own: a kill of the build's process group
     left it running (orphaned, training on into a folder nobody would publish), torchrun's rendezvous store listened
     on every interface, and the temporary folder stayed. SIGTERM now removes the folder at once; after a SIGKILL
-    nothing of ours can run, and the next build of the same warm start removes it."""
+    nothing of ours can run, and the next build of the same warm start removes it. While the SFT trains, every port
+    the build and its child listen on is knocked on at this machine's routable addresses: each knock is refused."""
+    doors = _doors()
+    routable = doors.routable_addresses()
     root = tmp_path / "warmstart"
     proc = start_build(root, cache_dir)
     try:
@@ -88,6 +103,8 @@ def test_killing_the_build_leaves_no_sft_process_and_no_folder(sig, tmp_path, ca
         assert children, "no SFT child"
         exposed = [(ip, name) for ip, name in listening({proc.pid, *children}) if ip not in LOOPBACK]
         assert exposed == [], f"the build listens beyond loopback: {exposed}"
+        knocks = doors.knock_all([port for _, port, _ in doors.listening({proc.pid, *children})], routable)
+        assert set(knocks.values()) <= {"refused"}, f"knocks at {routable} not refused: {knocks}"
         os.killpg(proc.pid, sig)
         proc.wait(timeout=60)
         left = wait_gone(root)
