@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from mgrpo_verl.progress import Progress
 from mgrpo_verl.trainer.checkpoints import fsync_tree
 from mgrpo_verl.warmstart import demos, sft
 
@@ -321,10 +322,15 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
 
         def fine_tune(source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str) -> tuple[float, str]:
             """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
-            checkpoint, run_seconds = sft.train(
-                source_dir, source_tokenizer, data[agent]["train"], data[agent]["val"], tmp / "sft" / name, run_settings,
-                tmp / "logs" / f"sft_{name}.log", spec.device,
-            )  # fmt: skip
+            bar = Progress(f"warm start: {name} SFT", run_settings.steps)
+            try:
+                checkpoint, run_seconds = sft.train(
+                    source_dir, source_tokenizer, data[agent]["train"], data[agent]["val"], tmp / "sft" / name,
+                    run_settings, tmp / "logs" / f"sft_{name}.log", spec.device,
+                    on_step=lambda step, loss: bar.update(step, loss=loss),
+                )  # fmt: skip
+            finally:
+                bar.close()
             sft.publish(checkpoint, tmp / agent, model_dir)
             return run_seconds, (tmp / "sft" / name / "metrics.jsonl").read_text()
 

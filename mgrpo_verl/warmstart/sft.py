@@ -20,6 +20,7 @@ folder (model, config, generation config, tokenizer with its chat template) unde
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -94,6 +96,35 @@ def overrides(
     ]
 
 
+class MetricsFollower:
+    """The steps verl's file logger has appended to ``path`` since the last call (it writes one JSON line per
+    step, unbuffered); a line not yet complete is left for the next call."""
+
+    def __init__(self, path: str | Path):
+        self.path, self.offset = Path(path), 0
+
+    def new_steps(self) -> list[tuple[int, Optional[float]]]:
+        """``(step, train loss or None)`` of every complete new line with a step (validation lines included)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        out = []
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+                step = int(record["step"])
+            except (ValueError, KeyError, TypeError):
+                continue  # not a step record: nothing to show
+            loss = record.get("data", {}).get("train/loss") if isinstance(record.get("data"), dict) else None
+            out.append((step, float(loss) if isinstance(loss, (int, float)) else None))
+        return out
+
+
 def hf_checkpoint(out_dir: str | Path, step: int) -> Path:
     """Where verl's checkpoint handler writes the Hugging Face folder of ``step``."""
     return Path(out_dir) / f"global_step_{step}" / "huggingface"
@@ -108,9 +139,12 @@ def train(
     settings: SFTSettings,
     log_path: str | Path,
     device: str = "cpu",
+    on_step: Optional[Callable[[int, Optional[float]], None]] = None,
+    poll_s: float = 1.0,
 ) -> tuple[Path, float]:
     """One SFT run in a child process (one rank, :func:`single_process_env`); returns the last step's Hugging Face
-    checkpoint and the seconds the run took. verl's per-step metrics go to ``<out_dir>/metrics.jsonl``.
+    checkpoint and the seconds the run took. verl's per-step metrics go to ``<out_dir>/metrics.jsonl``, which is
+    followed while the run lasts: ``on_step(step, train loss)`` for every step verl has logged (a progress line).
 
     Raises:
         RuntimeError: the run failed (its log's tail in the message) or left no checkpoint.
@@ -118,7 +152,8 @@ def train(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     store = tempfile.mkdtemp(prefix=".process_group-", dir=out_dir)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VERL_FILE_LOGGER_PATH": str(out_dir / "metrics.jsonl"),
+    metrics = MetricsFollower(out_dir / "metrics.jsonl")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "VERL_FILE_LOGGER_PATH": str(metrics.path),
            **single_process_env(Path(store) / "store", os.environ)}
     if device == "cpu":
         env["MGRPO_VERL_DEVICE"] = "cpu"
@@ -127,8 +162,23 @@ def train(
     start = time.monotonic()
     try:
         with open(log_path, "w") as log:
-            # in our process group (a kill of the group reaches it); subprocess.run kills it when we are interrupted
-            proc = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
+            # in our process group (a kill of the group reaches it); killed here when we are interrupted
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=poll_s)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    finally:
+                        for step, loss in metrics.new_steps():
+                            if on_step is not None:
+                                on_step(step, loss)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     finally:
         shutil.rmtree(store, ignore_errors=True)
     seconds = time.monotonic() - start

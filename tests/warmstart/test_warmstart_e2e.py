@@ -29,7 +29,12 @@ def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, cap
     root = tmp_path / "warmstart"
     with patched_environ({"MGRPO_VERL_CACHE": str(cache_dir)}):
         cli_main(["--task", "relay_tools", "--out", str(root), *ARGS])
-        out = capsys.readouterr().out
+        captured = capsys.readouterr()
+        out = captured.out
+        # every SFT run showed its progress, ending on its last step with verl's loss of it
+        for name in ("main", "main_restart", "sub"):
+            [final] = [line for line in captured.err.splitlines() if line.startswith(f"warm start: {name} SFT 2/2 steps [100%]")]
+            assert "  loss " in final, final
         [published] = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("relay_tools-")]
         manifest = json.loads((published / "manifest.json").read_text())
 
