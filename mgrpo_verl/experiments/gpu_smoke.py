@@ -40,11 +40,13 @@ STAGES: dict[str, str] = {
     "B1": "verl FSDP actor (CUDA) + vLLM rollout; one model (the sub-agent shares main's model)",
     "B2": "verl FSDP actor (CUDA) + vLLM rollout; two models on one GPU (shared placement)",
     "B3": "B2 with both agents as LoRA adapters on one base: one vLLM engine serves both adapters (vLLM's multi-LoRA)",
-    "T1": "throughput, stock: python -m verl.trainer.main_ppo GRPO, one model, vLLM, fixed-length responses",
-    "T2": "throughput, ours: M-GRPO relay, two models of T1's size on one GPU (shared placement), vLLM each",
+    "T1": "throughput, stock: python -m verl.trainer.main_ppo GRPO, one model, vLLM, B prompts x n rollouts, R tokens each",
+    "T2": "throughput, ours: M-GRPO trainer, two models of T1's size on one GPU (shared placement), vLLM each; each "
+          "model generates T1's rows (same prompts, n, R: the mgrpo_twin loop)",
+    "T3": "throughput, stock with 2n rollouts: T1 with twice the rows, so as many tokens per step as T2",
     # on CPU (MGRPO_SMOKE_DEVICE=cpu) every stage runs the same plumbing on the CPU platform; B with vLLM's CPU build
 }
-#: (two-agent stage, one-agent stage): same task, same model size, same rows per step.
+#: (two-agent stage, one-agent stage): same task, same model size, same rows per model and step.
 PAIRS: tuple[tuple[str, str], ...] = (("A2", "A1"), ("B2", "B1"), ("T2", "T1"))
 #: The bar for a two-model step against the one-model step.
 RATIO_BAR = 2.2
@@ -69,6 +71,84 @@ _ERROR_RE = re.compile(
     r"Traceback|Error|Exception|error:|out of memory|OOM|NCCL WARN|Killed|Timeout|timed out|raise "
 )
 _ROLLOUT_DEVICE_RE = re.compile(r"hf_server\S* ready: model=\S+ device=(\S+)")
+
+
+# ------------------------------------------------------------------------------ T2's agent loop (mgrpo_twin)
+
+#: verl agent-loop name of T2's workload, registered for T2 only, through verl's
+#: ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` (the kit writes that file into T2's folder:
+#: ``bench_gpu_throughput.py twin-files``), so no other run sees it.
+TWIN_LOOP = "mgrpo_twin"
+#: ``_target_`` of that file's one entry: :func:`twin_loop`.
+TWIN_TARGET = "mgrpo_verl.experiments.gpu_smoke.twin_loop"
+_TWIN_CLASS: list[type] = []
+
+
+def twin_loop(**kwargs: Any) -> Any:
+    """T2's agent loop, built the way verl builds a registered one (``hydra.utils.instantiate`` of the
+    ``_target_``, with verl's constructor arguments).
+
+    One dataset row (stock's prompt, verl's ``raw_prompt``) -> two single-turn rows on the **same prompt
+    tokens**, one per model: the main agent's and the sub-agent's generation of at most the rollout's
+    ``response_length`` (R) tokens each (``ignore_eos``: exactly R), generated at the same time on each
+    model's own engine. The prompt is tokenised and each generation merged exactly as verl's
+    ``single_turn_agent`` (stock's loop in T1 / T3) does (``ct_build_initial_tokens``,
+    ``ct_merge_assistant_token``), so each of our rows has the tokens of a stock row and verl's
+    ``perf/total_num_tokens`` counts the same things on both sides. Rows ``[sub row, main row]``, the row
+    contract of :mod:`mgrpo_verl.rowmeta` (the sub row's parent is the main row: M-GRPO's hierarchy with one
+    call), scores from the relay task's scorer, every row's ``reward_score`` the main score (as the relay
+    loop). The relay's sequential delegation (plan -> sub -> answer, the sub's reply in the main row) is left
+    out on purpose: it would give ours more tokens per row than stock's and measure the task, not the trainer.
+    Both agents must share one tokenizer (the kit gives them the same model)."""
+    if not _TWIN_CLASS:
+        _TWIN_CLASS.append(_build_twin_class())
+    return _TWIN_CLASS[0](**kwargs)
+
+
+def _build_twin_class() -> type:
+    import asyncio
+    from uuid import uuid4
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics
+
+    from mgrpo_verl.agent_loops import common
+    from mgrpo_verl.rowmeta import ROW_META
+
+    class TwinLoop(AgentLoopBase):
+        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[Any]:
+            settings = common.settings_of(self.config)
+            length = int(self.rollout_config.response_length)
+            main = common.resolve_agent(self, settings.main, length)
+            sub = common.resolve_agent(self, settings.sub_agent, length)
+            if sub.tokenizer is not self.tokenizer:
+                raise ValueError(f"{TWIN_LOOP}: the agents' tokenizers differ; T2 needs one model size and tokenizer")
+            prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
+            gens = await asyncio.gather(*(common.generate(a.client, uuid4().hex, prompt_ids, sampling_params, a.response_tokens)
+                                          for a in (main, sub)))
+            rows = []
+            for gen in gens:
+                merged, mask, logprobs = await self.ct_merge_assistant_token(
+                    prompt_ids, gen.token_ids, [], [], assistant_logprobs=gen.log_probs)
+                cut = len(merged.token_ids) - len(mask)
+                rows.append((merged.token_ids[:cut], merged.token_ids[cut:][:length], mask[:length], logprobs[:length], gen))
+            texts = [self.tokenizer.decode(r[1], skip_special_tokens=True).strip() for r in rows]
+            digit = str(kwargs["reward_model"]["ground_truth"])
+            prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
+            scored = common.score_trajectory(settings, kwargs, prefix, texts[0], digit,
+                                             [common.SubReport(sub.name, 0, texts[1])],
+                                             main_tokens=len(rows[0][1]), sub_tokens=len(rows[1][1]))
+
+            def row(one: tuple, meta: dict[str, Any], info: dict[str, Any], score: float) -> Any:
+                prompt, response, mask, logprobs, gen = one
+                return common.output_row(
+                    prompt, response, mask, logprobs, num_turns=2,
+                    metrics=AgentLoopMetrics(generate_sequences=gen.seconds, num_preempted=common.preempted([gen])),
+                    extra_fields={**gen.extra_fields, ROW_META: meta, "reward_extra_info": info}, reward_score=score)
+
+            # [sub row, main row]: verl treats the last output as the trajectory's final one
+            return common.trajectory_rows(scored, [rows[1]], row, lambda meta, info, score: row(rows[0], meta, info, score))
+
+    return TwinLoop
 
 
 # ------------------------------------------------------------------------------------------ environment
