@@ -20,7 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent_loops",),
     ("trainer",),
     ("warmstart",),
-    ("plugin", "launcher", "main_ppo", "experiments", "demo"),
+    ("plugin", "launcher", "main_ppo", "experiments", "demo", "viewer"),
 )
 LAYER = {part: i for i, parts in enumerate(LAYERS) for part in parts}
 
