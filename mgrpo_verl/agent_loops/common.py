@@ -14,8 +14,8 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Optional, TypeVar
 
 from omegaconf import DictConfig
 from verl.experimental.agent_loop.agent_loop import (
@@ -163,16 +163,113 @@ def exact_match(answer: str, ground_truth: Any) -> float:
     return float(str(answer).strip() == str(ground_truth).strip())
 
 
-def query_stats(row: dict[str, Any], answer: str, **stats: float) -> dict[str, Any]:
-    """A main trajectory's ``reward_extra_info``: ``stats`` (numbers: ``acc``, ``calls``, tokens, ...), the
-    main agent's final ``answer`` text (its first :data:`ANSWER_CHARS` characters) and the row's
-    :data:`QUERY_TAGS` as text. verl's validation averages the numbers per data source
-    (``val-aux/<source>/<key>/mean@n``), skips the text, and dumps both per sample with
-    ``trainer.validation_data_dir``: ``mgrpo_verl.experiments.research_eval`` reads that dump (it rescores
-    ``answer`` with exact match and F1, and groups by source and level)."""
+@dataclass(frozen=True)
+class QueryStats:
+    """A main trajectory's per-query statistics: what every delegation loop writes as its rows'
+    ``reward_extra_info`` (:func:`query_stats`) and what the evaluations read back (:meth:`read`:
+    ``warmstart.evaluate`` from a loop's row, ``experiments.research_eval`` from verl's validation dump).
+
+    verl needs a plain dict there (its validation averages the numbers per data source,
+    ``val-aux/<source>/<key>/mean@n``, skips the text, and dumps every key per sample with
+    ``trainer.validation_data_dir``), so this type travels as :meth:`write`'s dict, like
+    :class:`~mgrpo_verl.rowmeta.RowMeta`."""
+
+    answer: str
+    """The main agent's final answer text, its first :data:`ANSWER_CHARS` characters."""
+    acc: float
+    """The task scorer's score of the answer: the main score."""
+    calls: int
+    """Sub-agent calls the main agent started."""
+    failed_calls: int
+    """Of those, the calls that raised or timed out."""
+    exact: Optional[float] = None
+    """:func:`exact_match` of the answer."""
+    main_tokens: Optional[int] = None
+    """Response tokens the main agent generated."""
+    sub_tokens: Optional[int] = None
+    """Response tokens the sub-agents generated."""
+    tools: Mapping[str, float] = field(default_factory=dict)
+    """``tool/<name>`` -> calls of that tool (main and sub-agents), and ``tool/parse_errors`` (tool loop)."""
+    reward_errors: Optional[float] = None
+    """:data:`REWARD_ERRORS`: scores of the rollout that could not be computed (scored 0)."""
+    source: str = ""
+    level: str = ""
+    id: str = ""
+    """The dataset row's :data:`QUERY_TAGS` (``extra_info``), ``""`` when absent."""
+
+    #: The numbers an evaluation averages per query (with :attr:`tools`).
+    AVERAGED: ClassVar[tuple[str, ...]] = ("calls", "failed_calls", "main_tokens", "sub_tokens")
+
+    def write(self) -> dict[str, Any]:
+        """The ``reward_extra_info`` dict (unset optional numbers left out)."""
+        out: dict[str, Any] = {"acc": self.acc, "exact": self.exact, "calls": self.calls, "failed_calls": self.failed_calls,
+                               "main_tokens": self.main_tokens, "sub_tokens": self.sub_tokens}
+        out = {k: v for k, v in out.items() if v is not None}
+        out.update(self.tools)
+        if self.reward_errors is not None:
+            out[REWARD_ERRORS] = self.reward_errors
+        return {**out, "answer": self.answer, "source": self.source, "level": self.level, "id": self.id}
+
+    def averaged(self) -> dict[str, float]:
+        """:data:`AVERAGED` that are set, and :attr:`tools`, as floats: what an evaluation reports per query."""
+        out = {k: float(getattr(self, k)) for k in self.AVERAGED if getattr(self, k) is not None}
+        return {**out, **{k: float(v) for k, v in self.tools.items()}}
+
+    @staticmethod
+    def is_averaged(key: str) -> bool:
+        """Whether ``key`` (of :meth:`averaged`'s dict) is one of the per-query statistics."""
+        return key in QueryStats.AVERAGED or key.startswith("tool/")
+
+    @classmethod
+    def read(cls, info: Mapping[str, Any], where: str) -> QueryStats:
+        """The statistics in ``info``: a row's ``reward_extra_info``, or a line of verl's validation dump (the
+        query's ``reward_extra_info`` beside verl's own keys, which are ignored). ``where`` names it in errors.
+
+        Raises:
+            ValueError: ``answer``, ``acc``, ``calls`` or ``failed_calls`` missing (not a delegation loop's row),
+                or a number that is not one.
+        """
+        missing = [k for k in ("answer", "acc", "calls", "failed_calls") if info.get(k) is None]
+        if missing:
+            raise ValueError(f"{where}: no per-query statistics {missing} of a delegation loop (reward_extra_info)")
+
+        def number(key: str) -> Optional[float]:
+            return None if info.get(key) is None else float(info[key])
+
+        try:
+            return cls(
+                answer=str(info["answer"]), acc=float(info["acc"]), calls=int(float(info["calls"])),
+                failed_calls=int(float(info["failed_calls"])), exact=number("exact"),
+                main_tokens=None if info.get("main_tokens") is None else int(float(info["main_tokens"])),
+                sub_tokens=None if info.get("sub_tokens") is None else int(float(info["sub_tokens"])),
+                tools={k: float(v) for k, v in info.items() if k.startswith("tool/") and v is not None},
+                reward_errors=number(REWARD_ERRORS),
+                **{k: "" if info.get(k) is None else str(info[k]) for k in QUERY_TAGS},
+            )
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: a per-query statistic is not a number: {err}") from None
+
+
+def query_stats(row: dict[str, Any], answer: str, *, acc: float, calls: int, failed_calls: int, **stats: float) -> dict[str, Any]:
+    """A main trajectory's ``reward_extra_info``: :class:`QueryStats` written, with the main agent's final
+    ``answer`` text (its first :data:`ANSWER_CHARS` characters) and the row's :data:`QUERY_TAGS` as text.
+    ``stats``: ``exact``, ``main_tokens``, ``sub_tokens``, :data:`REWARD_ERRORS` and ``tool/<name>`` counts. verl's
+    validation averages the numbers per data source (``val-aux/<source>/<key>/mean@n``), skips the text, and
+    dumps both per sample with ``trainer.validation_data_dir``: ``mgrpo_verl.experiments.research_eval`` reads
+    that dump (it rescores ``answer`` with exact match and F1, and groups by source and level).
+
+    Raises:
+        TypeError: a statistic :class:`QueryStats` has no field for.
+    """
     extra = row.get("extra_info") or {}
     tags = {key: "" if extra.get(key) is None else str(extra.get(key)) for key in QUERY_TAGS}
-    return {**stats, "answer": str(answer)[:ANSWER_CHARS], **tags}
+    tools = {k: stats.pop(k) for k in [k for k in stats if k.startswith("tool/")]}
+    reward_errors = stats.pop(REWARD_ERRORS, None)
+    unknown = sorted(set(stats) - {"exact", "main_tokens", "sub_tokens"})
+    if unknown:
+        raise TypeError(f"query_stats: no QueryStats field for {unknown}")
+    return QueryStats(str(answer)[:ANSWER_CHARS], acc, calls, failed_calls, tools=tools, reward_errors=reward_errors,
+                      **stats, **tags).write()
 
 
 @dataclass(frozen=True)

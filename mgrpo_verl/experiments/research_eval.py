@@ -18,7 +18,7 @@ the system's checkpoint (``trainer.resume_mode=resume_path``; ``untrained`` for 
 when it is one of those, ``NAME:VARIANT=PATH`` otherwise) and every benchmark as ``data.val_files``.
 verl's validation runs the same multi-agent rollout as training (per-agent servers, tools, delegation)
 and dumps every query (``trainer.validation_data_dir``) with the loop's per-query statistics
-(:func:`mgrpo_verl.agent_loops.delegation.query_stats`). Benchmarks are parquet files in the research layout
+(:class:`mgrpo_verl.agent_loops.common.QueryStats`). Benchmarks are parquet files in the research layout
 (``mgrpo_verl.envs.research.loaders`` converts GAIA, XBench-DeepSearch and WebWalkerQA files; ``builtin``
 is the built-in multi-hop questions' validation split); the table names each by its rows' source.
 
@@ -47,9 +47,6 @@ from mgrpo_verl.experiments.logged_run import run_logged
 
 #: The benchmark spec meaning "the built-in questions' validation split".
 BUILTIN = "builtin"
-
-#: Statistics of a query's ``reward_extra_info`` that the report averages (``tool/<name>`` added as found).
-STAT_KEYS = ("calls", "failed_calls", "main_tokens", "sub_tokens")
 
 #: What ``run`` writes the per-query dump and the log of one system to, under ``--out``.
 GENERATIONS, LOG, DONE = "generations", "log.txt", "done"
@@ -174,6 +171,8 @@ def read_queries(dump_dir: Path) -> list[dict[str, Any]]:
         FileNotFoundError: no dump in ``dump_dir``.
         ValueError: a dump line without the statistics of a research rollout.
     """
+    from mgrpo_verl.agent_loops.common import QueryStats
+
     # the dump of the latest step (verl names each by its step: 2.jsonl sorts after 10.jsonl by name)
     files = sorted(dump_dir.glob("*.jsonl"), key=lambda p: (p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
     if not files:
@@ -183,11 +182,13 @@ def read_queries(dump_dir: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         record = json.loads(line)
-        if "answer" not in record or "calls" not in record:
+        try:
+            QueryStats.read(record, str(files[-1]))
+        except ValueError as err:
             raise ValueError(
-                f"{files[-1]}: a row without the research rollout's statistics (answer, calls); was it "
-                "evaluated with the mgrpo_relay or mgrpo_delegate loop?"
-            )
+                f"a row without the research rollout's statistics ({err}); was it evaluated with the mgrpo_relay "
+                "or mgrpo_delegate loop?"
+            ) from None
         session = str(record["uid"]).rsplit("_", 1)[0]
         queries[session] = record  # every row of a session carries the same statistics
     return list(queries.values())
@@ -196,17 +197,19 @@ def read_queries(dump_dir: Path) -> list[dict[str, Any]]:
 def score_query(record: dict[str, Any], judge: Any = None) -> dict[str, Any]:
     """A query's table entry: source, level, ``em`` / ``f1`` of its answer (and ``judge`` with a judge),
     its statistics."""
+    from mgrpo_verl.agent_loops.common import QueryStats
     from mgrpo_verl.envs.research import rewards
     from mgrpo_verl.envs.research.dataset import decode_answers
 
-    answers = decode_answers(record["gts"])
-    prediction = rewards.extract_answer(record["answer"])
+    stats = QueryStats.read(record, f"query {record.get('uid')!r}")
+    answers = decode_answers(record["gts"])  # verl's own keys of the dump: gts, input
+    prediction = rewards.extract_answer(stats.answer)
     entry = {
-        "source": record.get("source") or "unknown",
-        "level": str(record.get("level") or ""),
+        "source": stats.source or "unknown",
+        "level": stats.level,
         "em": rewards.exact_match(prediction, answers),
         "f1": rewards.f1(prediction, answers),
-        **{k: float(v) for k, v in record.items() if (k in STAT_KEYS or k.startswith("tool/")) and v is not None},
+        **stats.averaged(),
     }
     if judge is not None:  # the question is the prompt's last "Question:" line (prompts.main_prompt)
         question = str(record.get("input", "")).rpartition("Question:")[2].strip().split("\n")[0]
@@ -220,6 +223,8 @@ def _mean(values: list[float]) -> float:
 
 def summarize(entries: dict[str, list[dict[str, Any]]], metric: str) -> dict[str, Any]:
     """system -> {"accuracy": {source: {level or "all": (mean metric, n)}}, "stats": {key: mean per query}}."""
+    from mgrpo_verl.agent_loops.common import QueryStats
+
     summary: dict[str, Any] = {}
     for system, rows in entries.items():
         accuracy: dict[str, dict[str, tuple[float, int]]] = defaultdict(dict)
@@ -232,7 +237,7 @@ def summarize(entries: dict[str, list[dict[str, Any]]], metric: str) -> dict[str
                 chosen = [r[metric] for r in source_rows if r["level"] == level]
                 accuracy[source][level] = (_mean(chosen), len(chosen))
             accuracy[source]["all"] = (_mean([r[metric] for r in source_rows]), len(source_rows))
-        keys = sorted({k for r in rows for k in r if k in STAT_KEYS or k.startswith("tool/")})
+        keys = sorted({k for r in rows for k in r if QueryStats.is_averaged(k)})
         stats = {k: _mean([r.get(k, 0.0) for r in rows]) for k in keys}
         summary[system] = {"accuracy": dict(accuracy), "stats": stats}
     return summary

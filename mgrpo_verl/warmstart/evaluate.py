@@ -9,13 +9,13 @@ the hand-over of the report are therefore exactly the rollout's.
 Figures (:class:`EvalResult`), each over the held-out samples of the task (its ``val`` split):
 
 * ``exact``: the main agent's final answer, stripped, is the digit (what RL has to raise);
-* ``score``: the task's own dense score of that answer (``acc`` of the loop: ``reward_extra_info``);
+* ``score``: the task's own dense score of that answer (``acc`` of the loop's ``QueryStats``);
 * ``main_parse``: the main agent's first turn holds a tool call that verl's ``hermes`` parser reads
   (``HermesToolParser``) into a call of the delegation tool with a JSON-object argument with a non-empty
   ``task``;
 * ``sub_parse``: the same for each sub-agent call's first turn and ``read_secret``;
 * ``sub_exact``: a sub-agent call's report is the digit;
-* ``calls``, ``failed_calls``: per episode, from the loop's row;
+* ``calls``, ``failed_calls``: per episode, from the loop's main row (``agent_loops.common.QueryStats``);
 * ``main_digit_prob``, ``sub_digit_prob``: teacher-forced on the held-out demonstrations, the probability
   each agent's model gives the right digit as the first token of its answer turn (0.1: a uniform guess,
   1: solved), which says what the exact rates of a few dozen episodes say only noisily.
@@ -192,6 +192,7 @@ def evaluate(
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop.tool_parser import HermesToolParser
 
+    from mgrpo_verl.agent_loops.common import QueryStats
     from mgrpo_verl.agent_loops.testing import build_agent_loop
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -230,11 +231,11 @@ def evaluate(
                     uid=f"eval{i}",
                     session_id=0,
                 )
-                info = out[-1].extra_fields["reward_extra_info"]
-                totals["exact"] += float(str(info["answer"]).strip() == digit)
-                totals["score"] += float(info["acc"])
-                totals["calls"] += float(info["calls"])
-                totals["failed_calls"] += float(info["failed_calls"])
+                stats = QueryStats.read(out[-1].extra_fields["reward_extra_info"], f"episode {i}'s main row")
+                totals["exact"] += float(stats.answer.strip() == digit)
+                totals["score"] += stats.acc
+                totals["calls"] += stats.calls
+                totals["failed_calls"] += stats.failed_calls
                 generations = log[first:]
                 mains = [g for g in generations if g["agent"] == "main"]
                 if mains:
