@@ -297,10 +297,12 @@ def test_unreachable_store(run, url):
     _refused(run, *SUB_SIDE, f"multi_agent.decoupled.store={url}", names=("multi_agent.decoupled.store", url))
 
 
-def test_redis_that_never_answers(run):
+def test_redis_that_never_answers(run, monkeypatch):
     """A server that accepts the connection but never replies: refused after the probe's ~2 s time-out, not after
-    redis-py's default (none: it would wait for ever)."""
+    redis-py's default (none: it would wait for ever). With a password, so that the probe is what refuses it (every
+    Redis URL needs one: without it the store is refused before any connection)."""
     pytest.importorskip("redis")
+    monkeypatch.setenv("MGRPO_REDIS_PASSWORD", "x" * 16)
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # the kernel completes the handshake; nobody ever reads or writes
