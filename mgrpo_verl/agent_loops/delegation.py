@@ -1,57 +1,10 @@
 """Hierarchical rollout of the relay task: a main agent that delegates to a sub-agent.
 
-``RelayDelegationLoop`` (verl agent loop ``mgrpo_relay``, chosen per row by the dataset column
-``agent_name``, see :mod:`mgrpo_verl.envs.relay`) runs one main trajectory:
-
-1. the main agent writes a plan (at most ``plan_tokens`` tokens) from its prompt;
-2. it decides how many times the sub-agent is called:
-   ``d = min_calls + sum(plan token ids) % (max_calls - min_calls + 1)``, a function of the main agent's
-   own output, so ``d`` varies between rollouts (and is 0 sometimes when ``min_calls`` is 0);
-3. the ``d`` calls run concurrently on the sub-agent's own model: ``server_manager.for_agent(sub)``
-   (a :class:`~mgrpo_verl.agent_loops.multi_client.MultiAgentLLMClient`), or ``server_manager`` itself when
-   it has no ``for_agent`` (single-agent baseline: one model plays every role). Each call sees the
-   secret digit and the plan (prompt in the sub-agent's own tokenizer) and yields one sub row;
-4. the main agent sees the observation ``"Helper said: a1 | a2 | ..."`` (``"Helper was not asked."``
-   when ``d = 0``), appended as a user turn with response mask 0 and log-prob 0, and writes its final
-   answer (at most ``answer_tokens`` tokens);
-5. the main row is plan ⊕ observation ⊕ answer, one multi-turn response within the main
-   ``response_length``: an observation too long to leave ``answer_tokens`` of room is shortened (text
-   prefix + ``"...(truncated)"``), and whatever still overflows is cut (ids, mask and log-probs together).
-
-Rows returned: ``[sub rows in call order..., main row]``. The main row is **last** because verl treats
-``outputs[-1]`` as the trajectory's final output: ``AgentLoopWorkerTQ._agent_loop_postprocess`` computes
-the reward for it only and then overwrites every earlier output's ``reward_score`` and
-``reward_extra_info`` with the final one's, and validation keeps the last row of each session.
-
-That overwrite is why every row carries its **own** score in ``extra_fields["mgrpo"]["score"]`` (the
-M-GRPO trainer reads it from there), while ``reward_score`` (verl's ``rm_scores``) is the main score on
-every row: the loop sets it itself, so verl runs no reward loop of its own and every row has the same
-set of fields, as ``list_of_dict_to_tensordict`` requires (it takes the keys from the first row).
-
-Row metadata, ``extra_fields`` of every row:
-
-* ``"mgrpo"``: ``{"agent", "traj_id", "parent_traj_id", "score", "calls", "failed_calls",
-  "observation_truncated"}`` with ``traj_id = "{uid}/{session_id}/main"`` for the main row and
-  ``"{uid}/{session_id}/{sub}/{j}"`` for call ``j``; ``parent_traj_id`` is ``""`` for the main row and
-  the main's ``traj_id`` for sub rows; ``calls`` is ``d`` on the main row and 1 on sub rows;
-  ``failed_calls`` counts sub calls that raised or timed out (main row; 0 on sub rows);
-  ``observation_truncated`` is True when the observation was shortened to fit (False on sub rows);
-* what the server put in each generation's ``TokenOutput.extra_fields`` (``min_global_steps``,
-  ``max_global_steps``, ``global_steps``, ...): verl turns the first two into the row's staleness tags.
-  The main row has two generations: min of the mins, max of the maxes, speculative-decoding counters
-  summed, any other key from the last generation;
-* ``"reward_extra_info"``: :func:`query_stats`: ``{"acc": main score, "exact" (:func:`exact_match`), "calls": d, "failed_calls",
-  "main_tokens", "sub_tokens" (response tokens generated), "reward/errors", "answer", "source", "level", "id"}``.
-
-Errors: a sub-agent generation that raises or exceeds ``timeout_s`` becomes ``"<error: ...>"`` in the
-observation, yields no sub row and is counted in ``failed_calls``; a score that raises or is not a finite
-number is 0, logged and counted in ``reward_extra_info["reward/errors"]`` (:func:`safe_score`: model output
-never fails the step); configuration errors (bad
-``multi_agent.delegation`` values, an unknown sub-agent name) raise.
-
-``AgentLoopWorkerTQ`` (verl's v1 trainer) accepts a list of outputs; verl's legacy ``AgentLoopWorker``
-accepts one output only, so this loop needs the v1 trainer. The module must be imported in each
-agent-loop worker process for ``@register`` to take effect.
+``RelayDelegationLoop`` (verl agent loop ``mgrpo_relay``): the main agent plans, the sub-agent is called ``d``
+times concurrently on its own model (``d`` follows from the plan's token ids), and the main agent answers from
+the reports. ``RelaySubCallLoop`` (``mgrpo_relay_sub``) is one such call, served by a decoupled sub side. Rows:
+``[sub rows in call order..., main row]`` in the row contract of :mod:`mgrpo_verl.rowmeta`. The steps, why the
+main row is last, each row's fields and the errors: ``docs/agent_loops.md``, "The relay loop".
 """
 
 from __future__ import annotations

@@ -1,60 +1,12 @@
 """Pre-flight GPU memory estimate of a multi-agent layout, run before Ray starts.
 
 verl checks nothing of the sort: a layout that cannot fit fails minutes later, in a worker, with a CUDA
-out-of-memory error (or a vLLM start-up error). This module adds up, per GPU and per phase of a training
-step, what each agent keeps on that GPU, and :func:`check_memory` refuses a layout whose peak exceeds the
-GPU's memory, naming the figures and what to change. It is an estimate of the large terms, not a
-simulation: it refuses what cannot fit, it does not promise that the rest fits.
-
-What is counted, per GPU (GB = 10^9 bytes; P = parameters from the model's local ``config.json``,
-W = GPUs of the agent's worker group, FSDP shards over W; T = tokens of one micro-batch, V = vocabulary):
-
-=====================  ===================================================================================
-term                   bytes per GPU
-=====================  ===================================================================================
-actor params           P x bytes(``actor.fsdp_config.model_dtype``, verl's default fp32) / W
-gradients              same as the actor params (trainable agents, during their update only)
-optimizer (AdamW)      P x 8 / W: two fp32 moments (trainable agents; none for a frozen one, which never
-                       steps). A LoRA agent (``model.lora_rank`` r > 0): gradients and moments of its adapter
-                       only, r x (in + out) fp32 parameters per targeted linear layer (:func:`count_lora_parameters`),
-                       and no reference copy (its reference is its actor with the adapter off, as in verl)
-reference model        P x bytes(``ref.fsdp_config.model_dtype``) / W, when the agent uses a reference
-                       (KL loss)
-rollout engine         vLLM / SGLang: ``rollout.gpu_memory_utilization`` x GPU memory (the engine's whole
-                       budget: weights + KV cache); any other engine (CPU ``hf``): P x bytes(``rollout.dtype``)
-logits (old log-prob)  T x V x bytes(``mixed_precision.param_dtype``, default bf16) x copies, with
-                       T = ``rollout.log_prob_micro_batch_size_per_gpu`` x (prompt + response length), or
-                       max(``log_prob_max_token_len_per_gpu``, prompt + response) with
-                       ``log_prob_use_dynamic_bsz``. copies: 1 with ``model.use_remove_padding``, 2 without it
-                       (verl computes padded logits, then packs a copy of them); verl's old-log-prob pass
-                       also computes the entropy, whose unchunked form (softmax, its product with the
-                       logits) holds 3 copies at once, unless ``actor.entropy_from_logits_with_chunking``
-logits (reference)     as above with ``ref.log_prob_*`` (no entropy)
-logits (update)        as above with ``actor.ppo_micro_batch_size_per_gpu`` / ``ppo_max_token_len_per_gpu``,
-                       copies (3 with an entropy term: ``entropy_coeff`` != 0 or ``calculate_entropy``) + 1
-                       (their gradient)
-activations (update)   Korthikanti et al. 2022, flash attention: 34 x T x hidden bytes per layer; with
-                       ``model.enable_gradient_checkpointing`` 2 x T x hidden per layer plus one layer's 34
-CUDA context           1 GB per agent worker process on the GPU (context, NCCL, allocator slack)
-=====================  ===================================================================================
-
-What stays on a GPU between phases (*resident*): a trainable agent's actor params unless
-``actor.fsdp_config.param_offload``, its optimizer states unless ``optimizer_offload``, its reference unless
-``ref.fsdp_config.param_offload``; a frozen agent's actor params with ``placement: separate``, nothing with
-``shared`` (the trainer moves a frozen actor to CPU once its engine has the weights).
-
-Phases, per group of GPUs (one group per agent with ``placement: separate``, one for all with ``shared``):
-
-* ``rollout``: every engine awake (the main agent calls the sub-agent mid-rollout) + everything resident.
-  It also bounds start-up (each engine starts while the earlier ones are awake) and the weight syncs;
-  ``weight sync <a>`` adds agent a's actor params when they are offloaded (they come back for the sync).
-* ``old log-prob <a>`` / ``reference <a>`` / ``update <a>``, for each trainable agent a, one at a time: the
-  trainable agents' engines are asleep (the trainer sleeps them all before any update), frozen agents'
-  engines stay awake; the other agents' resident state; a's params, optimizer, reference as the phase
-  needs them, and its logits / activations.
-
-Pure functions except :func:`read_model_config` (reads a local file or the Hugging Face cache, never the
-network), :func:`detect_gpu_memory_gb` (``nvidia-smi``) and :func:`check_memory` (both, and prints).
+out-of-memory error. :func:`check_memory` adds up, per GPU and per phase of a training step, what each agent
+keeps on that GPU and refuses a layout whose peak exceeds the GPU's memory, naming the figures and what to
+change: an estimate of the large terms, not a simulation. The terms, what stays resident and the phases:
+``docs/multi_agent.md``, "GPU memory pre-flight". Pure functions except :func:`read_model_config` (a local file
+or the Hugging Face cache, never the network), :func:`detect_gpu_memory_gb` (``nvidia-smi``) and
+:func:`check_memory` (both, and prints).
 """
 
 from __future__ import annotations
