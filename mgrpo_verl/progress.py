@@ -8,9 +8,11 @@ layer of the package: it imports nothing of ours.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional, TextIO
 
 
@@ -90,3 +92,31 @@ class Progress:
     def _write(self, text: str) -> None:
         self.stream.write(text)
         self.stream.flush()
+
+
+class JsonlFollower:
+    """The records appended to a JSON-lines file since the last call (verl's file logger writes one line per step,
+    unbuffered, to ``VERL_FILE_LOGGER_PATH``); a line not yet complete is left for the next call, a line that is
+    not a JSON object is skipped."""
+
+    def __init__(self, path: str | Path):
+        self.path, self.offset = Path(path), 0
+
+    def new_records(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        out = []
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out

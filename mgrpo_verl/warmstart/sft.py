@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from mgrpo_verl.progress import JsonlFollower
+
 
 @dataclass(frozen=True)
 class SFTSettings:
@@ -96,33 +98,18 @@ def overrides(
     ]
 
 
-class MetricsFollower:
-    """The steps verl's file logger has appended to ``path`` since the last call (it writes one JSON line per
-    step, unbuffered); a line not yet complete is left for the next call."""
-
-    def __init__(self, path: str | Path):
-        self.path, self.offset = Path(path), 0
-
-    def new_steps(self) -> list[tuple[int, Optional[float]]]:
-        """``(step, train loss or None)`` of every complete new line with a step (validation lines included)."""
+def logged_steps(records: list[dict]) -> list[tuple[int, Optional[float]]]:
+    """``(step, train loss or None)`` of verl's metrics records that carry a step (validation lines included)."""
+    out = []
+    for record in records:
+        data = record.get("data") if isinstance(record.get("data"), dict) else {}
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n") + 1
-        self.offset += end
-        out = []
-        for line in chunk[:end].splitlines():
-            try:
-                record = json.loads(line)
-                step = int(record["step"])
-            except (ValueError, KeyError, TypeError):
-                continue  # not a step record: nothing to show
-            loss = record.get("data", {}).get("train/loss") if isinstance(record.get("data"), dict) else None
-            out.append((step, float(loss) if isinstance(loss, (int, float)) else None))
-        return out
+            step = int(record["step"])
+        except (KeyError, TypeError, ValueError):
+            continue  # not a step record: nothing to show
+        loss = data.get("train/loss")
+        out.append((step, float(loss) if isinstance(loss, (int, float)) else None))
+    return out
 
 
 def hf_checkpoint(out_dir: str | Path, step: int) -> Path:
@@ -152,7 +139,7 @@ def train(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     store = tempfile.mkdtemp(prefix=".process_group-", dir=out_dir)
-    metrics = MetricsFollower(out_dir / "metrics.jsonl")
+    metrics = JsonlFollower(out_dir / "metrics.jsonl")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "VERL_FILE_LOGGER_PATH": str(metrics.path),
            **single_process_env(Path(store) / "store", os.environ)}
     if device == "cpu":
@@ -172,7 +159,7 @@ def train(
                     except subprocess.TimeoutExpired:
                         pass
                     finally:
-                        for step, loss in metrics.new_steps():
+                        for step, loss in logged_steps(metrics.new_records()):
                             if on_step is not None:
                                 on_step(step, loss)
             finally:
@@ -198,8 +185,6 @@ RESTORED_CONFIG_KEYS = ("dtype", "attn_implementation")
 def publish(checkpoint: Path, target: Path, base_model_dir: str | Path) -> Path:
     """Copy a Hugging Face checkpoint folder to ``target`` with readable permissions (verl writes the
     weights 0600) and :data:`RESTORED_CONFIG_KEYS` of ``config.json`` as the base model has them."""
-    import json
-
     shutil.copytree(checkpoint, target)
     for path in [target, *target.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import json
 
-from mgrpo_verl.progress import Progress, format_seconds
-from mgrpo_verl.warmstart.sft import MetricsFollower
+from mgrpo_verl.progress import JsonlFollower, Progress, format_seconds
+from mgrpo_verl.warmstart.sft import logged_steps
 
 
 class Clock:
@@ -57,13 +57,13 @@ def test_on_a_terminal_one_line_is_rewritten():
 
 def test_follower_reads_complete_new_lines_only(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    follower = MetricsFollower(path)
-    assert follower.new_steps() == []  # verl has not created the file yet
+    follower = JsonlFollower(path)
+    assert follower.new_records() == []  # verl has not created the file yet
     with open(path, "wb") as f:
         f.write(json.dumps({"step": 1, "data": {"train/loss": 7.0}}).encode() + b"\n")
         f.write(b'{"step": 2, "data": {"train/lo')  # being written
-    assert follower.new_steps() == [(1, 7.0)]
+    assert logged_steps(follower.new_records()) == [(1, 7.0)]
     with open(path, "ab") as f:
         f.write(b'ss": 6.5}}\n{"step": 2, "data": {"val/loss": 6.0}}\nnot json\n')
-    assert follower.new_steps() == [(2, 6.5), (2, None)]
-    assert follower.new_steps() == []
+    assert logged_steps(follower.new_records()) == [(2, 6.5), (2, None)]  # "not json" skipped
+    assert follower.new_records() == []
