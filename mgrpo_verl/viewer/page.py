@@ -43,6 +43,7 @@ def _cut(text: Any) -> str:
 def fmt(value: Any, signed: bool = False) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return "–"
+    value = 0.0 if abs(value) < 5e-4 else value  # no "-0.000"
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
