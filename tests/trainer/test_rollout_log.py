@@ -362,3 +362,74 @@ def test_log_sample_tables_is_best_effort():
     assert log_sample_tables(Tracking(), many_rows(), "val", 1) == []  # logged as a warning, never raised
     assert log_sample_tables(type("T", (), {"logger": {"console": 1}})(), many_rows(), "val", 1) == []
     assert log_sample_tables(None, many_rows(), "val", 1) == []
+
+
+# ---------------------------------------------------------------------------------------------- the trainer
+
+
+def bare_trainer(**config):
+    """A MultiAgentTrainer without its setup: the attributes the dump methods read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omegaconf import OmegaConf
+
+    from mgrpo_verl.trainer.per_agent import MultiAgentTrainer
+
+    trainer = MultiAgentTrainer.__new__(MultiAgentTrainer)
+    trainer.config = OmegaConf.create({"trainer": config})
+    trainer.global_steps, trainer.step_rows = 3, None
+    trainer._dump_executor, trainer._dump_futures = ThreadPoolExecutor(1), []
+    return trainer
+
+
+def test_a_step_without_step_rows_gets_verls_dump(monkeypatch):
+    """The decoupled sub side keeps no StepRows (nor does a step of an older step): verl's own dump runs."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    calls = []
+    monkeypatch.setattr(PPOTrainer, "_log_rollout_data", lambda self, batch, timing_raw, rollout_data_dir: calls.append(rollout_data_dir))
+    trainer = bare_trainer()
+    trainer._log_rollout_data(KVBatchMeta(keys=[], tags=[], partition_id="train"), {}, "d")
+    trainer.step_rows = rollout_log.StepRows(2, "train", None, np.zeros(0), None)  # the step before
+    trainer._log_rollout_data(KVBatchMeta(keys=[], tags=[], partition_id="train"), {}, "d")
+    assert calls == ["d", "d"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_validate_records_validation_rows_while_verl_samples_them(monkeypatch, tmp_path, fails):
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    class Buffer:
+        def sample(self, global_steps, partition_id, batch_size):
+            return KVBatchMeta(keys=["v_0_0"], tags=[{}], partition_id=partition_id), {}
+
+    seen = []
+
+    def verl_validate(self):  # what verl's _validate does with the buffer: samples a batch (then clears it)
+        seen.append(self.replay_buffer)
+        self.replay_buffer.sample(global_steps=self.global_steps, partition_id="val", batch_size=1)
+        if fails:
+            raise RuntimeError("validation failed")
+        return {"val-core/x": 1.0}
+
+    monkeypatch.setattr(PPOTrainer, "_validate", verl_validate)
+    trainer = bare_trainer(validation_data_dir=str(tmp_path / "val"))
+    buffer = trainer.replay_buffer = Buffer()
+    monkeypatch.setattr(trainer, "_read_validation_rows", lambda batch: [{"key": k, "split": "val"} for k in batch.keys], raising=False)
+    if fails:
+        with pytest.raises(RuntimeError):
+            trainer._validate()
+    else:
+        assert trainer._validate() == {"val-core/x": 1.0}
+        trainer._dump_executor.shutdown(wait=True)
+        assert read_lines(tmp_path / "val" / "agents" / "3.jsonl") == [{"key": "v_0_0", "split": "val"}]
+    assert isinstance(seen[0], rollout_log.SampleRecorder)
+    assert trainer.replay_buffer is buffer  # restored, also when verl's validation raised
+    if not fails:  # without the key: verl's validation alone, on the buffer itself
+        plain = bare_trainer()
+        plain.replay_buffer = buffer
+        assert plain._validate() == {"val-core/x": 1.0} and seen[-1] is buffer
+
+
+def read_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
