@@ -1,12 +1,15 @@
-"""recipes/gpu_campaign.sh's CPU dry run: the campaign's steps at tiny size on vLLM's CPU build (.venv-vllm), labelled
-cpu: the vLLM smoke stage B1, then the throughput comparison (stock verl's main_ppo vs ours, two models) with its
-ratio. Runs in CI under .venv-vllm (.ci/run); skipped where vLLM is not importable."""
+"""recipes/gpu_campaign.sh: its plan (every call within the device tool's limits, the first run call with room to
+rerun once in the 900 s budget) and its CPU dry run: the campaign's first GPU step (B2, two vLLM engines on one
+logical GPU) and the throughput stages T2, T3 (and T1 with DRY_RUN_TP='T2 T3 T1') at tiny size on vLLM's CPU build
+(.venv-vllm), labelled cpu, with the work matched: ours' tokens per step equal stock's at 2n rollouts (and twice
+stock's at n). The dry run runs in CI under .venv-vllm (.ci/run); skipped where vLLM is not importable."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +18,29 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
+
+def test_plan_fits_the_device_limits_and_leaves_room_to_rerun_the_first_call(tmp_path):
+    """Without a pack here the plan still prints (the last pack's shape, exit 3); every call's timeout_s is at
+    most 600 s, its command at most 2,000 characters, and the first run call (B2) can be rerun within 900 s."""
+    proc = subprocess.run(["bash", str(ROOT / "recipes" / "gpu_campaign.sh"), "plan"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (0, 3), proc.stderr
+    calls = [line for line in proc.stdout.splitlines() if line.startswith("call ")]
+    assert len(calls) >= 6
+    for line in calls:
+        timeout = int(re.search(r"timeout_s: (\d+)", line).group(1))
+        command = re.search(r"command: (.*?)  timeout_s", line).group(1)
+        assert timeout <= 600 and len(command) <= 2000, line
+    [first] = [line for line in calls if "gpu_campaign.sh vllm B2" in line]
+    assert re.search(r"rerun once if it fails .* -> ~(\d+) s, fits", first), first
+    assert int(re.search(r"-> ~(\d+) s", first).group(1)) <= 900
+    # value order: B2, then ours at 0.5B, then stock at equal tokens, then stock per model
+    order = [re.search(r"gpu_campaign.sh (\S+ ?\S*)", line).group(1) for line in calls if "gpu_campaign.sh" in line]
+    assert order[:4] == ["vllm B2", "tp-0.5b T2", "tp-0.5b T3", "tp-0.5b T1"], order
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
 def test_campaign_dry_run_on_cpu(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "SMOKE_WORK": str(tmp_path / "work")}
@@ -26,13 +48,21 @@ def test_campaign_dry_run_on_cpu(tmp_path):
                           text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     smoke = json.loads((out / "gpu_smoke.json").read_text())
-    [b1] = smoke["stages"]
-    assert (b1["stage"], b1["status"], b1["device"]) == ("B1", "ok", "cpu") and not smoke["gpu_results"]
+    [b2] = smoke["stages"]
+    assert (b2["stage"], b2["status"], b2["device"]) == ("B2", "ok", "cpu") and not smoke["gpu_results"]
+    assert set(b2["summary"]["agents"]) == {"main", "sub"}  # two models, each its own vLLM engine
     tp = json.loads((out / "tp-tiny_h32" / "throughput.json").read_text())
     assert tp["device"] == "cpu" and not tp["gpu_results"]
-    assert tp["stock"]["status"] == "ok" and tp["ours"]["status"] == "ok", tp
-    # stock: 2 prompts x 2 rollouts of (prompt + 8 tokens); ours: the same rows for each of two models, so more
-    # tokens per step than stock (the main agent's row also carries the sub-agent's reply)
-    assert tp["ours"]["tokens_per_step"] > tp["stock"]["tokens_per_step"] > 0
-    assert tp["throughput_ratio"] > 0 and tp["step_ratio"] > 0
+    ran = [label for label in ("ours", "stock_x2", "stock") if tp[label] is not None]
+    assert all(tp[label]["status"] == "ok" for label in ran) and ran[:2] == ["ours", "stock_x2"], tp
+    # matched work: 2 prompts x 2 rollouts of 8 generated tokens per model; stock_x2 2 x 4 rows, stock 2 x 2 rows
+    ours, x2 = tp["ours"], tp["stock_x2"]
+    assert ours["tokens_per_step"] == x2["tokens_per_step"] > 0 and tp["matched"]["ours_equals_stock_x2"] is True
+    assert ours["rows_per_step"] == x2["rows_per_step"] == 8
+    assert ours["prompt_tokens"] == x2["prompt_tokens"] and tp["matched"]["fixed_length"] is True
+    assert ours["response_tokens_min_max"] == x2["response_tokens_min_max"] == [8, 8]
+    if tp["stock"] is not None:  # T1 (DRY_RUN_TP may leave it out): one model's rows, half of ours' tokens
+        assert 2 * tp["stock"]["tokens_per_step"] == ours["tokens_per_step"] and tp["matched"]["ours_equals_twice_stock"]
+        assert tp["step_ratio"] > 0
+    assert tp["throughput_ratio"] > 0 and tp["verdicts"]["throughput"] in ("pass", "fail")
     assert (out / "tp-tiny_h32" / "throughput.md").read_text().startswith("# Throughput kit, device cpu: NOT GPU results")
