@@ -12,7 +12,8 @@ What differs from ``python -m verl.trainer.main_ppo`` (:func:`run` numbers the s
 3. on the CPU platform Ray runs in a private temporary directory, with token authentication (the token
    in that directory, not the user's home) and on loopback only, with enough logical CPUs, and every Ray
    worker selects the CPU platform; Ray is shut down on success, on error and on Ctrl-C;
-4. the run ends with one summary line read from the per-step metrics file.
+4. a line per training step while it runs (:mod:`mgrpo_verl.launcher.step_progress`), and one summary line at the
+   end, both read from the per-step metrics file.
 
 Everything else (Ray single controller, TransferQueue, agent loop, FSDP2 workers, reward loop, weight
 sync, validation, checkpoints) is verl's own.
@@ -35,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from mgrpo_verl.config.plan import build_plan
 from mgrpo_verl.launcher.preflight import preflight
 from mgrpo_verl.launcher.resolvers import register_resolvers
+from mgrpo_verl.launcher.step_progress import watch_steps
 from mgrpo_verl.launcher.warm_start import pending_models, run_stage
 from mgrpo_verl.platform import uses_cpu
 
@@ -158,7 +160,8 @@ def run(config: DictConfig) -> dict[str, Any]:
         # driver's environment carried to workers on every node
         with open_dict(config):
             config.ray_kwargs.ray_init = ray_init_for_existing_cluster(ray_init, {**env, **({"MGRPO_VERL_DEVICE": "cpu"} if on_cpu else {})})
-    with ray_environment(on_cpu, env, joins_cluster):
+    total_steps = int(OmegaConf.select(config, "trainer.total_training_steps", default=None) or 0)
+    with ray_environment(on_cpu, env, joins_cluster), watch_steps(metrics_file, total_steps, reward_key, EXACT_PREFIX, EXACT_INFIX):
         run_ppo(config, task_runner_class=TaskRunnerV1)
     summary = summarize(metrics_file, time.monotonic() - start, reward_key)
     print(summary_line(summary), flush=True)

@@ -31,7 +31,8 @@ def _field(name: str, value: Any) -> str:
 
 
 class Progress:
-    """``label  done/total [pct%] fields  rate  ETA``; :meth:`update` as work is done, :meth:`close` at the end."""
+    """``label  done/total [pct%] fields  rate  ETA``; :meth:`update` as work is done, :meth:`close` at the end.
+    ``total`` 0: the length is unknown (no share, no ETA)."""
 
     def __init__(
         self,
@@ -56,14 +57,16 @@ class Progress:
 
     def line(self) -> str:
         """The current line (no newline)."""
-        total = self.total or 1
-        parts = [f"{self.label} {self.done}/{self.total} {self.unit}s [{100 * self.done // total:3d}%]"]
+        if self.total > 0:
+            parts = [f"{self.label} {self.done}/{self.total} {self.unit}s [{100 * self.done // self.total:3d}%]"]
+        else:  # length unknown: no share, no ETA
+            parts = [f"{self.label} {self.done} {self.unit}s"]
         parts += [_field(k, v) for k, v in self.fields.items() if v is not None]
         now = self.clock()
         if self.first is not None and self.done > self.first[1] and now > self.first[0]:
             per = (now - self.first[0]) / (self.done - self.first[1])
             parts.append(f"{per:.2f} s/{self.unit}" if per < 100 else f"{format_seconds(per)}/{self.unit}")
-            if self.done < self.total:
+            if 0 < self.total and self.done < self.total:
                 parts.append(f"ETA {format_seconds(per * (self.total - self.done))}")
         parts.append(f"elapsed {format_seconds(now - self.start)}")
         return "  ".join(parts)
@@ -73,7 +76,7 @@ class Progress:
         now = self.clock()
         if self.first is None:
             self.first = (now, int(done))
-        self.done = max(self.done, min(int(done), self.total))
+        self.done = max(self.done, min(int(done), self.total) if self.total > 0 else int(done))
         self.fields.update({k: v for k, v in fields.items() if v is not None})
         if self.live:
             self._write("\r" + self.line() + "\x1b[K")
@@ -97,7 +100,7 @@ class Progress:
 class JsonlFollower:
     """The records appended to a JSON-lines file since the last call (verl's file logger writes one line per step,
     unbuffered, to ``VERL_FILE_LOGGER_PATH``); a line not yet complete is left for the next call, a line that is
-    not a JSON object is skipped."""
+    not a JSON object is skipped. A file that shrank was truncated: it is read again from its start."""
 
     def __init__(self, path: str | Path):
         self.path, self.offset = Path(path), 0
@@ -105,6 +108,8 @@ class JsonlFollower:
     def new_records(self) -> list[dict[str, Any]]:
         try:
             with open(self.path, "rb") as f:
+                if f.seek(0, 2) < self.offset:
+                    self.offset = 0
                 f.seek(self.offset)
                 chunk = f.read()
         except FileNotFoundError:

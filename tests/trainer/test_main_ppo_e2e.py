@@ -65,6 +65,10 @@ def test_train_validate_checkpoint_resume_on_cpu(main_ppo, monkeypatch, tmp_path
     assert first.steps() == [1, 2]
     summary = [line for line in first.log.splitlines() if line.startswith("mgrpo_verl: ")]
     assert summary and "2 steps (step 1 to 2)" in summary[-1], summary
+    # while it ran: what was starting, then a line per step with its reward (launcher/step_progress.py)
+    assert summary[0].startswith("mgrpo_verl: starting Ray"), summary
+    assert [line.split()[2] for line in summary if line.startswith("mgrpo_verl: step ")] == ["1/2", "2/2"], summary
+    assert all("  reward " in line for line in summary if line.startswith("mgrpo_verl: step ")), summary
 
     # validation ran before training (step 0) and at the test_freq step
     val_keys = [k for k in first.at(0) if k.startswith("val-core/")]

@@ -33,6 +33,7 @@ def test_two_models_train_checkpoint_and_resume(two_agent_job):
     assert first.steps() == [1, 2]
     summary = [line for line in first.log.splitlines() if line.startswith("mgrpo_verl: ")]
     assert summary and "train reward (agent/main/score/mean)" in summary[-1], summary
+    assert [line.split()[2] for line in summary if line.startswith("mgrpo_verl: step ")] == ["1/2", "2/2"], summary
     # the config is parsed into the run's plan once per process: the driver's, then the trainer's (a Ray actor)
     plans = [line for line in first.log.splitlines() if "mgrpo plan: trainer mode multi_agent" in line]
     assert len(plans) == 2 and plans[0].startswith("mgrpo plan: ") and "TaskRunner" in plans[1], plans

@@ -1,0 +1,91 @@
+"""A line per training step on the driver's terminal, read from verl's metrics file while the run lasts.
+
+verl's console logger prints every metric of a step (a few hundred) and its progress bar lives in the TaskRunner
+actor, whose output Ray forwards line by line; a newcomer finds neither the step count nor the figure that matters.
+:func:`watch_steps` follows the JSON-lines file verl's file logger writes (``VERL_FILE_LOGGER_PATH``) in a thread
+and prints, per step, the headline figures (train reward, held-out exact accuracy when validated), the time per
+step and an ETA; and once, before the first record, what is starting.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from mgrpo_verl.progress import JsonlFollower, Progress
+
+#: Prefix of every line (the summary line's).
+LABEL = "mgrpo_verl:"
+
+
+def headline(record: dict[str, Any], reward_key: str, exact_prefix: str, exact_infix: str) -> dict[str, Any]:
+    """The figures of one metrics record worth a line: ``reward`` (``reward_key``) and ``held-out exact`` (the
+    first key with ``exact_prefix`` ... ``exact_infix``), each only when the record has it and it is finite."""
+    data = record.get("data") if isinstance(record.get("data"), dict) else {}
+    out: dict[str, Any] = {}
+    reward = data.get(reward_key)
+    if isinstance(reward, (int, float)) and math.isfinite(reward):
+        out["reward"] = float(reward)
+    exact = next((v for k, v in data.items() if k.startswith(exact_prefix) and exact_infix in k), None)
+    if isinstance(exact, (int, float)) and math.isfinite(exact):
+        out["held-out exact"] = float(exact)
+    return out
+
+
+class StepWatcher:
+    """Prints the steps appended to ``metrics_file`` (:meth:`poll`); :func:`watch_steps` polls it in a thread."""
+
+    def __init__(self, metrics_file: Path, total_steps: int, reward_key: str, exact_prefix: str, exact_infix: str,
+                 stream: Optional[TextIO] = None, clock=None):
+        self.follower = JsonlFollower(metrics_file)
+        self.keys = (reward_key, exact_prefix, exact_infix)
+        self.stream = stream if stream is not None else sys.stdout
+        kwargs = {} if clock is None else {"clock": clock}
+        self.bar = Progress(f"{LABEL} step", total_steps, stream=self.stream, every_s=0.0, live=False, **kwargs)
+        self.seen_step = False
+
+    def poll(self) -> None:
+        for record in self.follower.new_records():
+            step = record.get("step")
+            if not isinstance(step, int):
+                continue
+            figures = headline(record, *self.keys)
+            if step == 0:  # verl's validation before training
+                if "held-out exact" in figures:
+                    self.stream.write(f"{LABEL} before training: held-out exact {figures['held-out exact']:.3f}\n")
+                    self.stream.flush()
+                continue
+            self.seen_step = True
+            self.bar.update(step, **figures)
+
+
+@contextmanager
+def watch_steps(metrics_file: Path, total_steps: int, reward_key: str, exact_prefix: str, exact_infix: str,
+                poll_s: float = 1.0, stream: Optional[TextIO] = None) -> Iterator[StepWatcher]:
+    """Print a line per step of the run inside the block (and what is starting before the first). An earlier run's
+    ``metrics_file`` is removed first: verl's file logger truncates it when it starts anyway (it opens it ``wb``),
+    and its steps are not this run's."""
+    Path(metrics_file).unlink(missing_ok=True)
+    watcher = StepWatcher(metrics_file, total_steps, reward_key, exact_prefix, exact_infix, stream)
+    watcher.stream.write(f"{LABEL} starting Ray, every agent's workers and rollout servers; a line per step "
+                         f"follows ({total_steps} steps)\n")
+    watcher.stream.flush()
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(poll_s):
+            watcher.poll()
+
+    thread = threading.Thread(target=loop, name="mgrpo-step-progress", daemon=True)
+    thread.start()
+    try:
+        yield watcher
+    finally:
+        stop.set()
+        thread.join()
+        watcher.poll()  # what the last step wrote

@@ -1,0 +1,70 @@
+"""The driver's line per training step (mgrpo_verl/launcher/step_progress.py), from a metrics file written by hand
+as verl's file logger writes it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from mgrpo_verl.launcher.step_progress import StepWatcher, headline, watch_steps
+from mgrpo_verl.main_ppo import EXACT_INFIX, EXACT_PREFIX, TRAIN_REWARD
+
+EXACT = "val-aux/relay_tools/exact/mean@1"
+
+
+def record(step, **data):
+    return json.dumps({"step": step, "data": data}) + "\n"
+
+
+def test_headline_takes_the_reward_and_held_out_exact_when_present_and_finite():
+    keys = (TRAIN_REWARD, EXACT_PREFIX, EXACT_INFIX)
+    assert headline({"step": 1, "data": {TRAIN_REWARD: 0.25, "x": 1}}, *keys) == {"reward": 0.25}
+    assert headline({"step": 5, "data": {TRAIN_REWARD: 0.5, EXACT: 0.875}}, *keys) == {"reward": 0.5, "held-out exact": 0.875}
+    assert headline({"step": 2, "data": {TRAIN_REWARD: float("nan")}}, *keys) == {}
+    assert headline({"step": 2, "data": "junk"}, *keys) == {}
+
+
+def test_a_line_per_step_with_rate_and_eta(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    out = io.StringIO()
+    watcher = StepWatcher(path, 3, TRAIN_REWARD, EXACT_PREFIX, EXACT_INFIX, stream=out, clock=clock)
+    path.write_text(record(0, **{EXACT: 0.125}))  # verl's validation before training
+    watcher.poll()
+    with open(path, "a") as f:
+        f.write(record(1, **{TRAIN_REWARD: 0.25}))
+    now[0] = 10.0
+    watcher.poll()  # t=10: the first step, no rate yet
+    with open(path, "a") as f:
+        f.write(record(2, **{TRAIN_REWARD: 0.5}) + record(3, **{TRAIN_REWARD: 0.75, EXACT: 1.0}))
+    now[0] = 22.0
+    watcher.poll()  # t=22: steps 2 and 3 read at once: at step 2, (22 - 10) / 1 = 12 s per step; at 3, 12 / 2 = 6
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "mgrpo_verl: before training: held-out exact 0.125"
+    assert lines[1] == "mgrpo_verl: step 1/3 steps [ 33%]  reward 0.25  elapsed 10s"
+    assert lines[2] == "mgrpo_verl: step 2/3 steps [ 66%]  reward 0.5  12.00 s/step  ETA 12s  elapsed 22s"
+    assert lines[3] == "mgrpo_verl: step 3/3 steps [100%]  reward 0.75  held-out exact 1  6.00 s/step  elapsed 22s"
+    assert len(lines) == 4
+
+
+def test_watch_steps_says_what_starts_and_reads_the_last_step_on_exit_and_nothing_of_an_earlier_run(tmp_path):
+    path, out = tmp_path / "metrics.jsonl", io.StringIO()
+    path.write_text(record(7, **{TRAIN_REWARD: 0.0}))  # an earlier run's
+    with watch_steps(path, 2, TRAIN_REWARD, EXACT_PREFIX, EXACT_INFIX, poll_s=60.0, stream=out):
+        path.write_text(record(1, **{TRAIN_REWARD: 0.5}) + record(2, **{TRAIN_REWARD: 1.0}))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("mgrpo_verl: starting Ray") and "(2 steps)" in lines[0]
+    assert lines[-1].startswith("mgrpo_verl: step 2/2 steps [100%]  reward 1")
+    assert not any("reward 0 " in line or "7/2" in line for line in lines)
+
+
+def test_a_truncated_file_is_read_again_from_its_start(tmp_path):
+    from mgrpo_verl.progress import JsonlFollower
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(record(1) + record(2) + record(3))
+    follower = JsonlFollower(path)
+    assert [r["step"] for r in follower.new_records()] == [1, 2, 3]
+    path.write_text(record(1))  # shorter than what was read: truncated and rewritten
+    assert [r["step"] for r in follower.new_records()] == [1]
