@@ -13,7 +13,8 @@ What differs from ``python -m verl.trainer.main_ppo`` (:func:`run` numbers the s
    in that directory, not the user's home) and on loopback only, with enough logical CPUs, and every Ray
    worker selects the CPU platform; Ray is shut down on success, on error and on Ctrl-C;
 4. a line per training step while it runs (:mod:`mgrpo_verl.launcher.step_progress`), and one summary line at the
-   end, both read from the per-step metrics file.
+   end, both read from the per-step metrics file; the summary names every trainable agent that got no rows in
+   some steps (``agent/<name>/skipped``: it did not train then).
 
 Everything else (Ray single controller, TransferQueue, agent loop, FSDP2 workers, reward loop, weight
 sync, validation, checkpoints) is verl's own.
@@ -90,6 +91,7 @@ def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD
     val = [(r["step"], r["data"][val_key]) for r in records if val_key and val_key in r["data"]]
     exact_key = next((k for r in records for k in r["data"] if k.startswith(EXACT_PREFIX) and EXACT_INFIX in k), None)
     exact = [(r["step"], r["data"][exact_key]) for r in records if exact_key and exact_key in r["data"]]
+    rowless, trained_steps = rowless_steps(records, reward_key)
     return {
         "steps": len(train),
         "first_step": steps[0] if steps else None,
@@ -104,8 +106,41 @@ def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD
         "exact_metric": exact_key,
         "exact_first": exact[0][1] if exact else math.nan,
         "exact_last": exact[-1][1] if exact else math.nan,
+        "rowless": rowless,
+        "trained_steps": trained_steps,
         "metrics_file": str(metrics_file),
     }
+
+
+def rowless_steps(records: list[dict], reward_key: str = TRAIN_REWARD) -> tuple[dict[str, int], int]:
+    """(agent -> training steps in which that trainable agent got no rows, training steps), from the records of
+    verl's metrics file. The multi-agent trainer writes ``agent/<name>/skipped`` every step for every trainable
+    model: 1.0 when it had no rows (nothing trained), 0.0 when it trained (files from before 0.0 was written lack
+    the key on those steps, which reads the same). Training steps: the steps with ``reward_key`` or a ``skipped``
+    key (validation records have neither). Agents that trained every step are left out."""
+    steps, skipped = set(), {}
+    for record in records:
+        data, step = record.get("data", {}), record.get("step")
+        keys = [k for k in data if k.startswith(_AGENT) and k.endswith(_SKIPPED)]
+        if keys or reward_key in data:
+            steps.add(step)
+        for key in keys:
+            if data[key] >= 0.5:
+                skipped.setdefault(key[len(_AGENT):-len(_SKIPPED)], set()).add(step)
+    return {agent: len(at) for agent, at in sorted(skipped.items())}, len(steps)
+
+
+_AGENT, _SKIPPED = "agent/", "/skipped"
+
+
+def rowless_note(s: dict[str, Any]) -> str:
+    """``; agent sub got no rows in 15 of 15 steps: it never trained`` for each agent of :func:`rowless_steps`."""
+    notes = []
+    for agent, count in (s.get("rowless") or {}).items():
+        total = s.get("trained_steps", count)
+        tail = ": it never trained" if count >= total else ""
+        notes.append(f"; agent {agent} got no rows in {count} of {total} steps{tail}")
+    return "".join(notes)
 
 
 def _key_note(reward_key: str) -> str:
@@ -124,7 +159,7 @@ def summary_line(s: dict[str, Any]) -> str:
         line += f"; held-out exact accuracy {s['exact_first']:.3f} -> {s['exact_last']:.3f} ({s['exact_metric']})"
     if s["val_metric"]:
         line += f"; {s['val_metric']} {s['val_first']:.3f} -> {s['val_last']:.3f}"
-    return line + f"; metrics {s['metrics_file']}"
+    return line + rowless_note(s) + f"; metrics {s['metrics_file']}"
 
 
 def run(config: DictConfig) -> dict[str, Any]:

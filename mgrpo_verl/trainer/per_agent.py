@@ -16,7 +16,9 @@ What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing e
   on the real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
   reference / actor-update methods on that model's rows only; then weight sync per model (``on_step_end``);
 - **checkpoints**: ``global_step_N/agents/<name>/actor`` per trainable model, plus verl's ``data.pt``;
-- **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``;
+- **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``; a trainable model
+  without rows in a step trains nothing (``agent/<name>/skipped`` 1.0, else 0.0), and from its third such step in a
+  row a warning naming it is printed every step (``rowless.py``);
 - **rollout dumps** (``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``): every real row with its
   agent, trajectory, parent, turns, tool calls, score, advantage and alignment fate (``rollout_log.py``,
   docs/rollouts.md), instead of verl's training dump and beside its validation dump.
@@ -75,6 +77,7 @@ from mgrpo_verl.trainer.memory import check_memory
 from mgrpo_verl.trainer.placement import PinnedResourcePoolManager
 from mgrpo_verl.trainer import rollout_log
 from mgrpo_verl.trainer.rollout_log import StepRows
+from mgrpo_verl.trainer.rowless import RowlessSteps
 from mgrpo_verl.trainer.rows import (
     RowTable,
     row_metrics,
@@ -359,10 +362,13 @@ class MultiAgentTrainer(PPOTrainer):
         taken = set(keys) | set(table.keys)
         tag_of = dict(zip(keys, tags))
         jobs = []  # (runtime, rows, copy keys, copy tags, update size)
+        skipped = []
         for rt in self._trainable():
             update = updates.get(rt.name)
+            # every step, for every trainable model: 1.0 without rows (nothing trains), else 0.0 (main_ppo's summary)
+            metrics[f"agent/{rt.name}/skipped"] = float(update is None or not len(update))
             if update is None or not len(update):
-                metrics[f"agent/{rt.name}/skipped"] = 1.0
+                skipped.append(rt)
                 continue
             with marked_timer(f"agent/{rt.name}/align", timing_raw):
                 new_keys = copy_keys(table, update, taken)
@@ -377,6 +383,7 @@ class MultiAgentTrainer(PPOTrainer):
                 extra_info={"temperature": rt.config.actor_rollout_ref.rollout.temperature},
             )
             jobs.append((rt, rows, new_keys, new_tags, len(update)))
+        self._warn_rowless(skipped, [job[0] for job in jobs])
         concurrent = self._concurrent_updates([job[0] for job in jobs])
         with marked_timer("agent_updates", timing_raw):
             results = _run_agent_updates(self._update_agent, [(rt, rows) for rt, rows, *_ in jobs], concurrent)
@@ -391,6 +398,17 @@ class MultiAgentTrainer(PPOTrainer):
             metrics.update({f"agent/{rt.name}/{k}": v for k, v in agent_metrics.items()})
             metrics[f"agent/{rt.name}/update_rows"] = float(size)
         return keys, tags
+
+    def _warn_rowless(self, skipped: list[AgentRuntime], trained: list[AgentRuntime]) -> None:
+        """Count the step's trainable models without rows (:class:`~mgrpo_verl.trainer.rowless.RowlessSteps`); from
+        the third step in a row without rows, print a warning naming the agent each step (it reaches the
+        driver's terminal through Ray, as the trainer's other prints)."""
+        counter = self.__dict__.get("rowless_steps")
+        if counter is None:
+            counter = self.rowless_steps = RowlessSteps(main=self.multi_agent.main)
+        plays = {rt.name: rt.plays for rt in skipped}
+        for warning in counter.observe(self.global_steps, [rt.name for rt in skipped], [rt.name for rt in trained], plays):
+            print(warning, flush=True)
 
     def _update_agent(self, rt: AgentRuntime, rows: KVBatchMeta) -> tuple[dict, dict, list[tuple[str, dict]]]:
         """One model's chain on its rows: verl's balance (which may add padding rows), zero advantages
