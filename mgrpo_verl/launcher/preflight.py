@@ -1,6 +1,7 @@
 """Every check ``python -m mgrpo_verl.main_ppo`` makes before any work starts (warm start, Ray), in one ordered
 list (:func:`preflight`): the config's own rules first (seconds), then what the machine must have (installed
-engines, model files, a reachable store, GPU memory). Each raises ``ValueError`` naming the key that set the
+engines, model files, user hooks that import, a checkpoint that would resume a finished run, a reachable store,
+GPU memory). Each raises ``ValueError`` naming the key that set the
 bad value; verl would find most of these minutes later, inside a Ray worker's log, or never.
 
 The multi-agent rules across sections are the plan's (:func:`mgrpo_verl.config.plan.build_plan`, run just
@@ -55,6 +56,7 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
     if not config.trainer.use_v1:
         raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")
     check_model_paths(plan, pending)
+    check_finished_run(plan)  # a resume into a run that already reached its last step would train 0 steps
     if plan.multi_agent is None:
         return
     if plan.multi_agent.decoupled.role is not None:
@@ -246,3 +248,45 @@ def check_model_paths(plan: RunPlan, pending: Collection[str] = ()) -> None:
             if leaf in model:
                 key = f"multi_agent.agents.{spec.name}.actor_rollout_ref.model.{leaf}"
                 _check_model_location(key, setting(config, key), leaf == "path", pending)
+
+
+def check_finished_run(plan: RunPlan) -> None:
+    """The checkpoint the trainer would resume from, found with the trainer's own rule before Ray starts (multi-agent:
+    :func:`mgrpo_verl.trainer.checkpoints.resume_folder`, complete folders only; one model: verl's
+    ``find_latest_ckpt_path``: the folder the tracker names), and refused when its step is already ``trainer.total_training_steps`` or more: verl's
+    loop would then end at once (``0 steps``, reward ``nan -> nan``, exit 0, no reason given). Also raises, as a
+    ``ValueError``, what the trainer's rule raises inside Ray (folders with no complete checkpoint, a bad
+    ``resume_from_path``). Nothing is checked with ``resume_mode=disable``; the step bound only when
+    ``total_training_steps`` is set (null: verl derives it from the data inside Ray)."""
+    from mgrpo_verl.trainer import checkpoints as ckpt
+
+    trainer = plan.config.trainer
+    mode = trainer.get("resume_mode", "auto")
+    if mode == "disable":
+        return
+    root, path = trainer.get("default_local_dir"), trainer.get("resume_from_path")
+    if plan.multi_agent is None:  # verl's own trainer, verl's rule (find_latest_ckpt_path): the tracker's folder
+        if mode != "auto" or root is None:
+            return
+        tracked, _ = ckpt.read_tracker(os.path.abspath(root))
+        folder = None if tracked is None else ckpt.step_dir(os.path.abspath(root), tracked)
+        folder = folder if folder is not None and os.path.isdir(folder) else None
+    else:
+        trainable = [spec.name for spec in plan.multi_agent.local_owners if spec.trainable]
+        try:
+            folder = ckpt.resume_folder(mode, path, root, trainable)
+        except ckpt.CheckpointError as err:
+            raise ValueError(str(err)) from err
+    total = trainer.get("total_training_steps")
+    step = None if folder is None else ckpt.step_of(folder)
+    if step is None or not isinstance(total, int) or step < total:
+        return
+    where = (f"trainer.resume_mode=resume_path and trainer.resume_from_path={path}" if mode == "resume_path"
+             else f"trainer.resume_mode=auto and trainer.default_local_dir={root}")
+    raise ValueError(
+        f"{where}: the run would resume from the complete checkpoint {folder} at step {step}, but "
+        f"trainer.total_training_steps={total}: that run is finished, and resuming it would train 0 steps. To "
+        f"continue it, set trainer.total_training_steps larger than {step}; for a new run, set another "
+        f"trainer.default_local_dir, or trainer.resume_mode=disable (train from the base models; its checkpoints "
+        f"are replaced as the new run saves)"
+    )

@@ -219,6 +219,23 @@ def check_resume_path(folder: str, trainable: list[str]) -> str:
     return folder
 
 
+def resume_folder(resume_mode: str, resume_from_path, default_local_dir: str, trainable: list[str]) -> str | None:
+    """The complete step folder a run resumes from (``trainer.resume_mode`` / ``resume_from_path`` /
+    ``default_local_dir``, relative paths against the current directory), or None for ``disable`` / nothing saved
+    yet: the trainer's rule (``MultiAgentTrainer._resume_folder``), which the launcher's pre-flight applies too.
+    ``auto``: :func:`choose_auto`; ``resume_path``: :func:`check_resume_path`. Raises ``ValueError`` for a bad mode
+    or path, :class:`CheckpointError` for an incomplete checkpoint."""
+    if resume_mode == "disable":
+        return None
+    if resume_mode == "resume_path":
+        if not isinstance(resume_from_path, str) or step_of(resume_from_path) is None:
+            raise ValueError(f"trainer.resume_from_path must name a global_step_N folder, got {resume_from_path!r}")
+        return check_resume_path(os.path.abspath(resume_from_path), trainable)
+    if resume_mode != "auto":
+        raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {resume_mode!r}")
+    return choose_auto(os.path.abspath(default_local_dir), trainable)
+
+
 def remove_folder(folder: str) -> None:
     """Rename out of the ``global_step_N`` namespace (atomic), then delete: a kill midway never leaves a
     half-deleted folder that looks like a checkpoint."""

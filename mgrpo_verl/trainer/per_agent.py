@@ -552,16 +552,8 @@ class MultiAgentTrainer(PPOTrainer):
         folder; ``auto`` falls back to the newest complete one (with a warning), ``resume_path`` to a partial
         folder raises, and folders that exist with none complete raise instead of training from base weights."""
         trainer = self.config.trainer
-        trainable = [rt.name for rt in self._trainable()]
-        if trainer.resume_mode == "disable":
-            return None
-        if trainer.resume_mode == "resume_path":
-            if not isinstance(trainer.resume_from_path, str) or ckpt.step_of(trainer.resume_from_path) is None:
-                raise ValueError(f"trainer.resume_from_path must name a global_step_N folder, got {trainer.resume_from_path!r}")
-            return ckpt.check_resume_path(os.path.abspath(trainer.resume_from_path), trainable)
-        if trainer.resume_mode != "auto":
-            raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {trainer.resume_mode!r}")
-        return ckpt.choose_auto(os.path.abspath(trainer.default_local_dir), trainable)
+        return ckpt.resume_folder(trainer.resume_mode, trainer.resume_from_path, trainer.default_local_dir,
+                                  [rt.name for rt in self._trainable()])
 
     def _load_checkpoint(self):
         self.global_steps = 0
