@@ -6,9 +6,10 @@ What differs from ``python -m verl.trainer.main_ppo`` (:func:`run` numbers the s
    ``multi_agent:``: M-GRPO with one model per agent, our ``multi_agent`` trainer, or the decoupled side that
    ``multi_agent.decoupled.role`` names; ``--config-name single_agent`` is verl's own GRPO trainer with one
    model), resolved once here (the built-in models and data are written on first use);
-2. before Ray starts: the run's plan (:mod:`mgrpo_verl.config.plan`), every check that can refuse the config
-   (:mod:`mgrpo_verl.launcher.preflight`), then the warm start the config names, built when not cached
-   (:mod:`mgrpo_verl.launcher.warm_start`);
+2. before Ray starts: relative user-hook paths made absolute against the launch directory
+   (:mod:`mgrpo_verl.launcher.hooks`), the run's plan (:mod:`mgrpo_verl.config.plan`), every check that can refuse
+   the config (:mod:`mgrpo_verl.launcher.preflight`; user hooks are imported there), then the warm start the
+   config names, built when not cached (:mod:`mgrpo_verl.launcher.warm_start`);
 3. on the CPU platform Ray runs in a private temporary directory, with token authentication (the token
    in that directory, not the user's home) and on loopback only, with enough logical CPUs, and every Ray
    worker selects the CPU platform; Ray is shut down on success, on error and on Ctrl-C;
@@ -35,6 +36,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mgrpo_verl.config.plan import build_plan
+from mgrpo_verl.launcher.hooks import absolute_paths
 from mgrpo_verl.launcher.preflight import preflight
 from mgrpo_verl.launcher.resolvers import register_resolvers
 from mgrpo_verl.launcher.step_progress import watch_steps
@@ -170,6 +172,9 @@ def run(config: DictConfig) -> dict[str, Any]:
 
     # 1. resolve: our resolvers name the built-in models and data (written once, seconds); nothing trains here
     OmegaConf.resolve(config)
+    # relative hook paths (tool configs, scorer files, ...) made absolute against the launch directory: Ray's
+    # processes receive this config, and their working directories differ
+    absolute_paths(config)
     # 2. plan: the config read once into typed facts, every multi-agent rule checked
     plan = build_plan(config)
     print(plan.describe(), flush=True)

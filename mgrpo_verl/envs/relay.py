@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -129,24 +130,35 @@ def load_scorer(spec: str | None) -> Scorer:
 
 
 def _load_function(spec: str, key: str) -> Callable[..., Any]:
-    """The function named by ``multi_agent.delegation.<key>``: ``"module:function"`` or ``"file.py:function"``."""
+    """The function named by ``multi_agent.delegation.<key>``: ``"module:function"`` or ``"file.py:function"`` (a
+    relative file against the current directory; ``main_ppo`` makes it absolute against the launch directory before
+    Ray starts, ``mgrpo_verl.launcher.hooks``). Errors name the key, the file or module, and the function."""
     target, _, name = str(spec).rpartition(":")
+    where = f"multi_agent.delegation.{key}={spec!r}"
     if not target or not name:
         raise ValueError(f"multi_agent.delegation.{key} must be 'module:function' or 'file.py:function', got {spec!r}")
-    try:
-        if target.endswith(".py"):
-            module_spec = importlib.util.spec_from_file_location(f"mgrpo_relay_{key}_{abs(hash(target))}", target)
+    if target.endswith(".py"):
+        path = os.path.abspath(os.path.expanduser(target))
+        if not os.path.isfile(path):
+            raise ValueError(f"{where}: no such file {path} (a relative path is resolved against the launch directory)")
+        try:
+            module_spec = importlib.util.spec_from_file_location(f"mgrpo_relay_{key}_{abs(hash(path))}", path)
             if module_spec is None or module_spec.loader is None:
-                raise ImportError(f"cannot load {target}")
+                raise ImportError(f"cannot load {path}")
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
-        else:
+        except Exception as e:  # the file itself raises (a syntax error, a failing import)
+            raise ValueError(f"{where}: loading {path} failed: {type(e).__name__}: {e}") from e
+        source = path
+    else:
+        try:
             module = importlib.import_module(target)
-    except (ImportError, OSError) as e:
-        raise ValueError(f"multi_agent.delegation.{key} {spec!r}: {e}") from e
+        except Exception as e:
+            raise ValueError(f"{where}: {type(e).__name__}: {e}") from e
+        source = f"module {target}"
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"multi_agent.delegation.{key} {spec!r}: {target} has no function {name!r}")
+        raise ValueError(f"{where}: {source} has no function {name!r}")
     return fn
 
 

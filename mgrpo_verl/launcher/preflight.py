@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from mgrpo_verl.config import setting
 from mgrpo_verl.config.plan import RunPlan
 from mgrpo_verl.config.rules import check_micro_batches
+from mgrpo_verl.launcher.hooks import check_user_hooks
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
     if not config.trainer.use_v1:
         raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")
     check_model_paths(plan, pending)
+    check_user_hooks(plan)  # tool classes, function tools, agent loops, scorer, sub_prompt: imported here
     check_finished_run(plan)  # a resume into a run that already reached its last step would train 0 steps
     if plan.multi_agent is None:
         return
