@@ -55,6 +55,19 @@ class DelegationSettings:
     scorer: Any = relay.default_scorer
     sub_prompt: Any = None
     """``delegation.sub_prompt`` loaded, or ``None``: each loop's task default."""
+    scorer_takes_agent: bool = field(init=False, default=False)
+    """Whether :attr:`scorer` takes the keyword ``agent`` (:func:`~mgrpo_verl.envs.relay.accepts_agent`), inspected
+    once here: :meth:`score` then passes the name of the agent that wrote the text."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scorer_takes_agent", relay.accepts_agent(self.scorer))
+
+    def score(self, role: str, agent: str, text: str, ground_truth: Any) -> tuple[float, int]:
+        """:func:`safe_score` of ``text`` written by ``agent`` in ``role`` (``main`` / ``sub``): the scorer is called
+        ``scorer(role, text, ground_truth)``, with ``agent=agent`` too when it takes that keyword."""
+        if self.scorer_takes_agent:
+            return safe_score(self.scorer, role, text, ground_truth, agent=agent)
+        return safe_score(self.scorer, role, text, ground_truth)
 
     @classmethod
     def from_config(cls, config: DictConfig) -> DelegationSettings:
@@ -140,13 +153,14 @@ ANSWER_CHARS = 500
 REWARD_ERRORS = "reward/errors"
 
 
-def safe_score(scorer: Any, role: str, text: str, ground_truth: Any) -> tuple[float, int]:
-    """``(scorer(role, text, ground_truth), 0)``, or ``(0.0, 1)`` when the scorer raises or returns
+def safe_score(scorer: Any, role: str, text: str, ground_truth: Any, **kwargs: Any) -> tuple[float, int]:
+    """``(scorer(role, text, ground_truth, **kwargs), 0)``, or ``(0.0, 1)`` when the scorer raises or returns
     something that is not a finite number: a score depends on model output, and no output may fail the
     step (verl would lose the whole batch). The failure is logged; callers count it in
-    :data:`REWARD_ERRORS`."""
+    :data:`REWARD_ERRORS`. ``kwargs``: ``agent=<name>`` for a scorer that takes it
+    (:meth:`DelegationSettings.score`)."""
     try:
-        score = float(scorer(role, text, ground_truth))
+        score = float(scorer(role, text, ground_truth, **kwargs))
         if not math.isfinite(score):
             raise ValueError(f"the score is {score!r}")
         return score, 0
@@ -311,14 +325,14 @@ def score_trajectory(
     **stats: float,
 ) -> ScoredTrajectory:
     """The epilogue every delegation loop shares: score the main answer and each report with the task's
-    scorer (:func:`safe_score`: a failing scorer scores 0, counted in :data:`REWARD_ERRORS`), the query's
+    scorer (:meth:`DelegationSettings.score`: ``agent=`` the main agent's / the report's agent's name for a scorer
+    that takes it; :func:`safe_score`: a failing scorer scores 0, counted in :data:`REWARD_ERRORS`), the query's
     ``reward_extra_info`` (:func:`query_stats`: ``acc``, ``exact``, ``calls``, ``failed_calls``, ``stats``) and
     the :class:`~mgrpo_verl.rowmeta.RowMeta` of the main row and of each answered call. ``calls`` /
     ``failed_calls`` default to the reports' (a decoupled main side's calls have no report here); ``session`` and
     ``sub_calls`` go on the main row (decoupled main side)."""
-    scorer = settings.scorer
-    score, errors = safe_score(scorer, "main", answer, ground_truth)
-    sub_scores = [None if r.text is None else safe_score(scorer, "sub", r.text, ground_truth) for r in reports]
+    score, errors = settings.score("main", settings.main, answer, ground_truth)
+    sub_scores = [None if r.text is None else settings.score("sub", r.agent, r.text, ground_truth) for r in reports]
     calls = len(reports) if calls is None else calls
     failed_calls = sum(r.text is None for r in reports) if failed_calls is None else failed_calls
     info = query_stats(

@@ -301,7 +301,8 @@ class RelaySubCallLoop(AgentLoopBase):
     The same call as :meth:`RelayDelegationLoop._call_sub` in the synchronous mode: the prompt is the chat
     ``raw_prompt`` in this model's chat template, left-truncated to its ``prompt_length``; at most
     ``multi_agent.delegation.sub_response_tokens`` new tokens (and its ``response_length``); the score is
-    the task scorer's ``sub`` score against ``reward_model.ground_truth``. ``mgrpo_call`` names the row
+    the task scorer's ``sub`` score against ``reward_model.ground_truth`` (with ``agent=<the call's agent>`` for a
+    scorer that takes it). ``mgrpo_call`` names the row
     (``traj_id``, ``parent_traj_id``, ``agent``). Returns one sub row.
     """
 
@@ -319,6 +320,6 @@ class RelaySubCallLoop(AgentLoopBase):
         max_tokens = min(self.settings.delegation.sub_response_tokens, int(self.rollout_config.response_length))
         gen = await common.generate(self.server_manager, uuid4().hex, prompt_ids, sampling_params, max_tokens)
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True).strip()
-        score, errors = common.safe_score(self.settings.scorer, "sub", text, str(ground_truth))
+        score, errors = self.settings.score("sub", str(call["agent"]), text, str(ground_truth))
         meta = RowMeta(str(call["agent"]), str(call["traj_id"]), str(call["parent_traj_id"]), score)
         return [sub_row(prompt_ids, gen, meta.write(), {"acc": score, "calls": 1, common.REWARD_ERRORS: errors}, score)]

@@ -179,7 +179,10 @@ class DelegationConfig(BaseConfig):
     scorer: Optional[str] = None
     """How rows are scored: null for the task's own scorer, or ``"module:function"`` /
     ``"file.py:function"`` called as ``f(role, text, ground_truth) -> float`` with role ``main`` or ``sub``
-    (``mgrpo_verl.envs.relay.load_scorer``)."""
+    (``mgrpo_verl.envs.relay.load_scorer``). A scorer with a parameter named ``agent`` is also passed
+    ``agent=<name>``: the sub-agent that wrote a report, the main agent for the final answer, so each
+    sub-agent can be scored as itself (``relay.accepts_agent``). A relative file is resolved against the launch
+    directory."""
 
     sub_max_turns: int = 2
     """Tool loop: assistant turns of one sub-agent call (>= 1), its own tool loop; its last turn's text is

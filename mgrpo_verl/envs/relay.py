@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -91,8 +92,23 @@ def sub_local_score(sub_answer_text: str, digit: str) -> float:
 
 
 #: ``scorer(role, text, ground_truth) -> float`` with ``role`` "main" (a final answer) or "sub" (one
-#: sub-agent answer): how the relay loop scores its rows.
+#: sub-agent answer): how the relay loop scores its rows. Opt-in: a scorer with a parameter named ``agent``
+#: (``def score(role, text, ground_truth, agent)``, or keyword-only ``*, agent``) is also told which agent wrote
+#: ``text`` (:func:`accepts_agent`): the sub-agent's name for a report, the main agent's (``multi_agent.main``)
+#: for the final answer, so each sub-agent can be paid for its own part.
 Scorer = Callable[[str, str, str], float]
+
+
+def accepts_agent(scorer: Callable[..., Any]) -> bool:
+    """Whether ``scorer`` takes the keyword ``agent``: a parameter of that name that can be passed by keyword
+    (``**kwargs`` alone does not opt in: such a scorer is called as before). Inspected once, when the delegation
+    settings load the scorer (``agent_loops.common.DelegationSettings``)."""
+    try:
+        parameter = inspect.signature(scorer).parameters.get("agent")
+    except (TypeError, ValueError):  # no signature (some builtins): the three-argument contract
+        return False
+    return parameter is not None and parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                         inspect.Parameter.KEYWORD_ONLY)
 
 
 def default_scorer(role: str, text: str, ground_truth: str) -> float:
@@ -119,7 +135,8 @@ def exact_scorer(role: str, text: str, ground_truth: str) -> float:
 def load_scorer(spec: str | None) -> Scorer:
     """The scorer named by ``multi_agent.delegation.scorer``: ``null`` for :func:`default_scorer`, or
     ``"package.module:function"`` / ``"path/to/file.py:function"`` (e.g. a task of your own, or a dense
-    test reward).
+    test reward), as it is: called ``f(role, text, ground_truth)``, plus ``agent=<name>`` when it takes that
+    keyword (:data:`Scorer`, :func:`accepts_agent`).
 
     Raises:
         ValueError: a malformed spec, a module that cannot be imported, or a name that is not callable.
