@@ -43,7 +43,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for size in args.sizes:
-        data = random_mgrpo_batch(max(1, round(size / rows_per_query)), k, max_calls, response_length=args.response_length)
+        data = random_mgrpo_batch(max(1, round(size / rows_per_query)), k, max_calls,
+                                  response_length=args.response_length)
         rewards, mask = data.batch["token_level_rewards"], data.batch["response_mask"]
         uid = data.non_tensor_batch["uid"]
         repeats = args.repeats if size < 1_000_000 else max(2, args.repeats // 2)

@@ -119,7 +119,8 @@ def bench_advantages(args) -> None:
     print(f"## 1. MAGRPO advantages vs verl GRPO (best of {args.repeats})\n")
     print(f"Full trees: G={g} generations, T={t} turns, n={n_agents} agents ({rows_per_query} rows per query), "
           f"response length {length}.\n")
-    print("| rows | queries | verl GRPO vectorised | verl GRPO loop | MAGRPO DataProto | ratio | MAGRPO RowTable | ratio |")
+    print("| rows | queries | verl GRPO vectorised | verl GRPO loop | MAGRPO DataProto | ratio "
+          "| MAGRPO RowTable | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.sizes:
         n_queries = max(1, round(size / rows_per_query))
@@ -131,7 +132,8 @@ def bench_advantages(args) -> None:
         data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask}, non_tensors=fields)
         ids = np.char.add("r", np.arange(n).astype(str)).astype(object)
         table = RowTable(
-            keys=ids, agent=fields["agent"], uid=fields["uid"], traj_id=ids, parent_traj_id=np.full(n, "", dtype=object),
+            keys=ids, agent=fields["agent"], uid=fields["uid"], traj_id=ids,
+            parent_traj_id=np.full(n, "", dtype=object),
             score=score, parent_row=np.full(n, -1, dtype=np.int64),
             nodes={k: fields[k] for k in ("node_id", "parent_node_id", "turn")},
         )
@@ -185,7 +187,8 @@ def bench_code(args) -> None:
     passed: dict[str, int] = {}
 
     def reference():
-        passed["ref"] = sum(check_correctness(raw[k], raw[k]["canonical_solution"], args.timeout)["passed"] for k in task_ids)
+        passed["ref"] = sum(check_correctness(raw[k], raw[k]["canonical_solution"], args.timeout)["passed"]
+                            for k in task_ids)
 
     def plain():
         ok = 0
@@ -202,7 +205,8 @@ def bench_code(args) -> None:
         passed["sandbox"] = sum(run_python(program).status == "ok" for program in programs)
 
     def reward():
-        scores = [score_coop(ours[k], TRIVIAL_AUX, coop_main_answer(ours[k].prompt, ours[k].canonical_solution)) for k in task_ids]
+        scores = [score_coop(ours[k], TRIVIAL_AUX, coop_main_answer(ours[k].prompt, ours[k].canonical_solution))
+                  for k in task_ids]
         passed["reward"] = sum(s.tests_passed and s.reward == 1.0 for s in scores)
 
     best = best_times(args.repeats, {"ref": reference, "plain": plain, "sandbox": sandbox, "reward": reward})
@@ -219,7 +223,8 @@ def bench_code(args) -> None:
     ]
     for label, key in rows:
         s = best[key]
-        print(f"| {label} | {fmt_s(s)} | {n / s:.1f} | {1000 * s / n:.1f} | {s / best['ref']:.2f}× | {passed[key]}/{n} |")
+        print(f"| {label} | {fmt_s(s)} | {n / s:.1f} | {1000 * s / n:.1f} | {s / best['ref']:.2f}× "
+              f"| {passed[key]}/{n} |")
     agree = len({passed[key] for _, key in rows}) == 1 and passed["ref"] == n
     print(f"\npass/fail agreement on the canonical solutions: {'all pass under every method' if agree else 'DISAGREE'} "
           f"({', '.join(f'{key} {passed[key]}/{n}' for _, key in rows)})\n")
@@ -266,7 +271,8 @@ def bench_writing(args) -> None:
             "tok": lambda: all((words(s), words(d)) is not None for s, d, _ in batch),
         })
         us = {k: 1e6 * v / size for k, v in best.items()}
-        print(f"| {size:,} | {fmt_s(best['plain'])} | {size / best['plain']:,.0f} | {us['plain']:.1f} | {fmt_s(best['ref'])} | "
+        print(f"| {size:,} | {fmt_s(best['plain'])} | {size / best['plain']:,.0f} | {us['plain']:.1f} "
+              f"| {fmt_s(best['ref'])} | "
               f"{us['ref']:.1f} | {fmt_s(best['tok'])} | {us['tok']:.1f} | {best['plain'] / best['tok']:.2f}× |")
     print()
 
@@ -289,7 +295,8 @@ def main() -> None:
         parser.error("--repeats, --sizes and --writing-sizes must be >= 1, --problems in [1, 164]")
 
     start = time.perf_counter()
-    print(f"# bench_coop: {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, Python {sys.version.split()[0]}\n")
+    print(f"# bench_coop: {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
+          f"Python {sys.version.split()[0]}\n")
     if "adv" in args.parts:
         bench_advantages(args)
     if "code" in args.parts:

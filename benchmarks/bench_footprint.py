@@ -243,7 +243,8 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str],
         metrics = work / name / "metrics.jsonl"
         ckpt = f"trainer.default_local_dir={work / name / 'ckpt'}"
         if name == "multi":
-            cmd = ["mgrpo_verl.main_ppo", "task=relay", *common, ckpt, f"mgrpo_verl.metrics_file={metrics}", *args.overrides]
+            cmd = ["mgrpo_verl.main_ppo", "task=relay", *common, ckpt, f"mgrpo_verl.metrics_file={metrics}",
+                   *args.overrides]
         elif name == "single":
             cmd = ["mgrpo_verl.main_ppo", "--config-name", "single_agent", *common, ckpt,
                    f"mgrpo_verl.metrics_file={metrics}"]

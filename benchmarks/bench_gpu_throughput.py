@@ -178,8 +178,10 @@ def matched(sides: dict[str, dict[str, Any] | None], response_tokens: int | None
     twice T1's, and every response of every side is ``response_tokens`` long."""
     tok = {n: (s or {}).get("tokens_per_step") for n, s in sides.items()}
     out: dict[str, Any] = {
-        "ours_equals_stock_x2": None if tok.get(OURS) is None or tok.get(STOCK_X2) is None else tok[OURS] == tok[STOCK_X2],
-        "ours_equals_twice_stock": None if tok.get(OURS) is None or tok.get(STOCK) is None else tok[OURS] == 2 * tok[STOCK],
+        "ours_equals_stock_x2":
+            None if tok.get(OURS) is None or tok.get(STOCK_X2) is None else tok[OURS] == tok[STOCK_X2],
+        "ours_equals_twice_stock":
+            None if tok.get(OURS) is None or tok.get(STOCK) is None else tok[OURS] == 2 * tok[STOCK],
     }
     lengths = [v for s in sides.values() if s for v in s["response_tokens_min_max"]]
     out["fixed_length"] = (None if response_tokens is None or not lengths or None in lengths
@@ -232,7 +234,8 @@ def build_report(work: Path) -> dict[str, Any]:
     if not any(sides.values()):
         raise SystemExit(f"bench_gpu_throughput: no stage folder T1, T2 or T3 in {work}: run `run` first")
     env = json.loads((work / "env.json").read_text()) if (work / "env.json").is_file() else {}
-    settings = json.loads((work / "throughput_settings.json").read_text()) if (work / "throughput_settings.json").is_file() else {}
+    settings = (json.loads((work / "throughput_settings.json").read_text())
+                if (work / "throughput_settings.json").is_file() else {})
     devices = {s["device"] for s in sides.values() if s}
     device = devices.pop() if len(devices) == 1 else "mixed"
     return {"device": device, "gpu_results": device == "cuda", "settings": settings,
@@ -267,14 +270,16 @@ def render(rep: dict[str, Any]) -> str:
             continue
         ph = s["phases"]
         lines.append(f"| {label} | {s['stage']} | {s['device']} | {s['status']} | {s['steps']} | {_f(s['step_s'])} "
-                     f"| {_f(ph['gen'])} | {_f(ph['old_log_prob'])} | {_f(ph['update_actor'])} | {_f(ph['update_weights'])} "
+                     f"| {_f(ph['gen'])} | {_f(ph['old_log_prob'])} | {_f(ph['update_actor'])} "
+                     f"| {_f(ph['update_weights'])} "
                      f"| {_f(s['rows_per_step'], 0)} | {_f(s['prompt_tokens'], 1)} | {_f(s['response_tokens'], 1)} "
                      f"| {_f(s['tokens_per_step'], 0)} | {_f(s['throughput'], 1)} | {_f(s['peak_gpu_used_mib'], 0)} |")
     v, m, why = rep["verdicts"], rep["matched"], rep["why"]
     lines += ["", f"matched: tokens per step ours = stock_x2: {m['ours_equals_stock_x2']}; ours = 2 x stock: "
               f"{m['ours_equals_twice_stock']}; every response R tokens: {m['fixed_length']}", "",
               f"per token, perf/throughput ours/stock_x2 (T2/T3): **{_f(rep['throughput_ratio'])}** (goal >= "
-              f"{THROUGHPUT_BAR}: {v.get('throughput', 'n/a')})" + (f"; {why['throughput']}" if why.get("throughput") else ""),
+              f"{THROUGHPUT_BAR}: {v.get('throughput', 'n/a')})"
+              + (f"; {why['throughput']}" if why.get("throughput") else ""),
               f"per model step, step time ours/stock (T2/T1): **{_f(rep['step_ratio'])}** (bar <= {STEP_BAR}: "
               f"{v.get('step', 'n/a')})" + (f"; {why['step']}" if why.get("step") else "")]
     for name in RUN_ORDER:

@@ -10,8 +10,8 @@ one after the other, for ``--steps`` steps each:
 
 ``--rollout hf`` (default) uses our HF engine; ``--rollout vllm`` verl's vLLM rollout on CPU with vLLM's CPU build
 (``+preset=vllm_cpu``; run with ``.venv-vllm/bin/python``, made by ``recipes/vllm_cpu_env.sh``), where the shared
-engine is vLLM's multi-LoRA (``mgrpo_verl/vllm_rollout/lora.py``); the tiny base then has heads of 32 (vLLM's CPU attention
-serves no smaller).
+engine is vLLM's multi-LoRA (``mgrpo_verl/vllm_rollout/lora.py``); the tiny base then has heads of 32 (vLLM's CPU
+attention serves no smaller).
 
 The base is ``--size tiny`` (the built-in tiny Qwen2: 2 layers, width 64) or ``--size medium`` (a random Qwen2
 built here, same tokenizer: 8 layers, width 512, MLP 1536, ~26M parameters), where the weights, rather than
@@ -19,7 +19,8 @@ the processes, start to dominate the footprint. The peak summed PSS of the run's
 median step time after step 1 are measured with ``benchmarks/bench_footprint.py``'s sampler; the ratios
 lora / full are printed.
 
-    python benchmarks/bench_lora.py [--size tiny|medium] [--rollout hf|vllm] [--steps 4] [--rank 8] [--keep DIR] [--out FILE]
+    python benchmarks/bench_lora.py [--size tiny|medium] [--rollout hf|vllm] [--steps 4] [--rank 8]
+                                    [--keep DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str],
         "task=relay", *(["+preset=vllm_cpu"] if args.rollout == "vllm" else []),
         f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.val_before_train=false",
         "trainer.test_freq=-1", "trainer.logger=[console,file]",
-        f"actor_rollout_ref.model.path={paths.model_dir}", f"actor_rollout_ref.model.tokenizer_path={paths.tokenizer_dir}",
+        f"actor_rollout_ref.model.path={paths.model_dir}",
+        f"actor_rollout_ref.model.tokenizer_path={paths.tokenizer_dir}",
         # both agents on the same base
         "multi_agent.agents.sub.actor_rollout_ref.model.path=${actor_rollout_ref.model.path}",
         "multi_agent.agents.sub.actor_rollout_ref.model.tokenizer_path=${actor_rollout_ref.model.tokenizer_path}",
@@ -61,8 +63,8 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str],
     out = {}
     for name, extra in (("full", []), ("lora", lora)):
         metrics = work / name / "metrics.jsonl"
-        cmd = [sys.executable, "-m", "mgrpo_verl.main_ppo", *common, *extra, f"trainer.default_local_dir={work / name / 'ckpt'}",
-               f"mgrpo_verl.metrics_file={metrics}"]
+        cmd = [sys.executable, "-m", "mgrpo_verl.main_ppo", *common, *extra,
+               f"trainer.default_local_dir={work / name / 'ckpt'}", f"mgrpo_verl.metrics_file={metrics}"]
         out[name] = (cmd, metrics)
     return out
 
@@ -70,9 +72,11 @@ def commands(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=["tiny", "medium"], default="tiny")
-    parser.add_argument("--rollout", choices=["hf", "vllm"], default="hf", help="rollout engine (vllm: vLLM's CPU build)")
+    parser.add_argument("--rollout", choices=["hf", "vllm"], default="hf",
+                        help="rollout engine (vllm: vLLM's CPU build)")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--rank", type=int, default=8, help="LoRA rank of both agents (alpha = 2 x rank, all linear layers)")
+    parser.add_argument("--rank", type=int, default=8,
+                        help="LoRA rank of both agents (alpha = 2 x rank, all linear layers)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between PSS samples")
     parser.add_argument("--keep", type=Path, default=None, help="keep logs and metrics in this directory")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
@@ -92,7 +96,8 @@ def main() -> None:
             results[name] = run_one(name, cmd, env, work / name, metrics, args.interval)
 
     full, lora = results["full"], results["lora"]
-    print(f"\ntwo agents on one {args.size} base, {args.rollout} rollout: LoRA adapters (rank {args.rank}) vs full models, {args.steps} steps each")
+    print(f"\ntwo agents on one {args.size} base, {args.rollout} rollout: LoRA adapters (rank {args.rank}) "
+          f"vs full models, {args.steps} steps each")
     print("| quantity | full | lora | lora / full |")
     print("|---|---:|---:|---:|")
     for label, key, fmt in (
@@ -108,7 +113,8 @@ def main() -> None:
         print(f"{n}: PSS by process kind near the peak, MiB (processes): "
               + ", ".join(f"{k} {pss:.0f} ({c})" for k, (pss, c, _) in kinds))
     if args.out:
-        args.out.write_text(json.dumps({"size": args.size, "rollout": args.rollout, "rank": args.rank, "steps": args.steps, **results}, indent=1))
+        args.out.write_text(json.dumps({"size": args.size, "rollout": args.rollout, "rank": args.rank,
+                                        "steps": args.steps, **results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -171,11 +171,13 @@ def main() -> None:
             server = LocalRedis(Path(tmp.name) / "redis").start()
             urls[b] = server.url
         else:
-            notes.append("redis: skipped, redis-server is not installed (apt-get install -y redis-server) and no --redis-url")
+            notes.append("redis: skipped, redis-server is not installed (apt-get install -y redis-server) "
+                         "and no --redis-url")
 
     ctx = mp.get_context("spawn")
     w_ctrl, p_ctrl, results, data = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=writer, args=(w_ctrl, results, data)), ctx.Process(target=poller, args=(p_ctrl, results, data))]
+    procs = [ctx.Process(target=writer, args=(w_ctrl, results, data)),
+             ctx.Process(target=poller, args=(p_ctrl, results, data))]
     for p in procs:
         p.start()
     rows = {}
@@ -204,7 +206,8 @@ def main() -> None:
     print("-" * len(header))
     ref = rows["queue"]["median"]
     for mode, r in rows.items():
-        tp = [f"{r[k]:>{w},.0f}" if k in r else f"{'-':>{w}}" for k, w in (("put", 10), ("replay", 12), ("get", 10), ("main_scores", 17))]
+        tp = [f"{r[k]:>{w},.0f}" if k in r else f"{'-':>{w}}"
+              for k, w in (("put", 10), ("replay", 12), ("get", 10), ("main_scores", 17))]
         print(f"{LABELS[mode]:<28} {' '.join(tp)} {r['median']:>18.2f} {r['p95']:>8.2f} {r['median'] / ref:>8.1f}x")
     for note in notes:
         print(note)

@@ -124,8 +124,10 @@ class FakeWorkerGroup:
         log_probs = [-(self.scale * (x.to(torch.float32) % 7) + offset) / 10 for x in ids]
         fields = {"log_probs": torch.nested.as_nested_tensor(log_probs, layout=torch.jagged)}
         if offset == 0:
-            fields["entropy"] = torch.nested.as_nested_tensor([torch.full(x.shape, self.scale) for x in ids], layout=torch.jagged)
-        self.store.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch)))
+            fields["entropy"] = torch.nested.as_nested_tensor([torch.full(x.shape, self.scale) for x in ids],
+                                                              layout=torch.jagged)
+        self.store.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id,
+                                fields=TensorDict(fields, batch_size=len(batch)))
 
     def compute_log_prob(self, batch: KVBatchMeta):
         self._enter("compute_log_prob", batch)
@@ -141,7 +143,8 @@ class FakeWorkerGroup:
         self._enter("update_actor", batch)
         names = ["advantages", "old_log_probs", "ref_log_prob", "response_mask"]
         data = self.store.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                       select_fields=[n for n in names if n in self.store.rows[(batch.partition_id, batch.keys[0])]])
+                                       select_fields=[n for n in names
+                                                      if n in self.store.rows[(batch.partition_id, batch.keys[0])]])
         seen = {n: [round(float(t.sum()), 6) for t in data[n].unbind(0)] for n in data.keys()}
         self.calls[-1]["read"] = seen
         loss = sum(a * o for a, o in zip(seen["advantages"], seen["old_log_probs"]))
@@ -224,7 +227,8 @@ def write_step(store: FakeTransferQueue, agents: list[str], queries: int = 4, ro
     for q in range(queries):
         for r in range(rollouts):
             prefix = f"u{q}_{r}"
-            add(f"{prefix}_0", f"u{q}", main, f"{prefix}/m", "", float(rng.random()), int(rng.integers(4, 9)), int(rng.integers(2, 7)))
+            add(f"{prefix}_0", f"u{q}", main, f"{prefix}/m", "", float(rng.random()), int(rng.integers(4, 9)),
+                int(rng.integers(2, 7)))
             j = 1
             for sub in subs:
                 for c in range(int(rng.integers(0, 4))):
@@ -236,7 +240,8 @@ def write_step(store: FakeTransferQueue, agents: list[str], queries: int = 4, ro
     table = build_row_table(keys, [r["uid"] for r in rows], [r["extra_fields"] for r in rows])
     advantage = scalar_advantages(table, "mgrpo", MGRPOConfig())
     write_row_values(keys, partition, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
-    alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, d_max, seed=seed) if (~table.is_main).any() else None
+    alignment = (plan_resolved_alignment(table.parent_row, table.agent, table.uid, d_max, seed=seed)
+                 if (~table.is_main).any() else None)
     updates = plan_update_sets(table, alignment, advantage, {a: a for a in agents})
     return batch, table, updates
 

@@ -155,7 +155,8 @@ def summary_line(s: dict[str, Any]) -> str:
                 f"(keep 'file' in trainer.logger for the summary)")
     line = (
         f"mgrpo_verl: {s['steps']} steps (step {s['first_step']} to {s['last_step']}) in {s['seconds']:.0f} s; "
-        f"train reward{_key_note(s.get('reward_key', TRAIN_REWARD))} {s['train_reward_first']:.3f} -> {s['train_reward_last']:.3f}"
+        f"train reward{_key_note(s.get('reward_key', TRAIN_REWARD))} {s['train_reward_first']:.3f} -> "
+        f"{s['train_reward_last']:.3f}"
     )
     if s.get("exact_metric"):
         line += f"; held-out exact accuracy {s['exact_first']:.3f} -> {s['exact_last']:.3f} ({s['exact_metric']})"
@@ -199,9 +200,11 @@ def run(config: DictConfig) -> dict[str, Any]:
         # joining a `ray start` cluster (docs/multinode.md): no node resources from the driver, and the
         # driver's environment carried to workers on every node
         with open_dict(config):
-            config.ray_kwargs.ray_init = ray_init_for_existing_cluster(ray_init, {**env, **({"MGRPO_VERL_DEVICE": "cpu"} if on_cpu else {})})
+            config.ray_kwargs.ray_init = ray_init_for_existing_cluster(
+                ray_init, {**env, **({"MGRPO_VERL_DEVICE": "cpu"} if on_cpu else {})})
     total_steps = int(OmegaConf.select(config, "trainer.total_training_steps", default=None) or 0)
-    with ray_environment(on_cpu, env, joins_cluster), watch_steps(metrics_file, total_steps, reward_key, EXACT_PREFIX, EXACT_INFIX):
+    with (ray_environment(on_cpu, env, joins_cluster),
+          watch_steps(metrics_file, total_steps, reward_key, EXACT_PREFIX, EXACT_INFIX)):
         run_ppo(config, task_runner_class=TaskRunnerV1)
     summary = summarize(metrics_file, time.monotonic() - start, reward_key)
     print(summary_line(summary), flush=True)

@@ -44,10 +44,14 @@ def register_multi_agent() -> None:
 
     from mgrpo_verl.platform._import_hooks import when_imported
 
-    when_imported("verl.experimental.agent_loop.tool_parser", lambda _: import_module("mgrpo_verl.agent_loops.tool_parser"))
-    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.delegation"))
-    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.tool_delegation"))
-    when_imported("verl.experimental.agent_loop.agent_loop", lambda _: import_module("mgrpo_verl.agent_loops.cooperative"))
+    when_imported("verl.experimental.agent_loop.tool_parser",
+                  lambda _: import_module("mgrpo_verl.agent_loops.tool_parser"))
+    when_imported("verl.experimental.agent_loop.agent_loop",
+                  lambda _: import_module("mgrpo_verl.agent_loops.delegation"))
+    when_imported("verl.experimental.agent_loop.agent_loop",
+                  lambda _: import_module("mgrpo_verl.agent_loops.tool_delegation"))
+    when_imported("verl.experimental.agent_loop.agent_loop",
+                  lambda _: import_module("mgrpo_verl.agent_loops.cooperative"))
     when_imported("verl.trainer.ppo.v1", lambda _: import_module("mgrpo_verl.trainer.per_agent"))
     # the decoupled sides subclass MultiAgentTrainer: imported once per_agent is complete (per_agent imports
     # verl's v1 package itself, so the hook above may run while per_agent is half-imported)

@@ -33,7 +33,8 @@ def make_batch(
     from verl import DataProto
 
     n = len(scores)
-    lengths = torch.as_tensor(list(mask_lengths) if mask_lengths is not None else [response_length] * n, dtype=torch.long)
+    lengths = torch.as_tensor(list(mask_lengths) if mask_lengths is not None else [response_length] * n,
+                              dtype=torch.long)
     mask = (torch.arange(response_length)[None, :] < lengths[:, None]).to(torch.float32)
     rewards = torch.zeros(n, response_length, dtype=torch.float32)
     last = (lengths - 1).clamp_min(0)

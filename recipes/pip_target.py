@@ -92,7 +92,8 @@ def use_target_markers(python: str) -> None:
     from pip._vendor.packaging import markers
     from pip._internal.models import installation_report
 
-    if not callable(getattr(markers, "default_environment", None)) or not hasattr(installation_report, "default_environment"):
+    if (not callable(getattr(markers, "default_environment", None))
+            or not hasattr(installation_report, "default_environment")):
         raise RuntimeError("pip_target: this pip has no packaging.markers.default_environment to override")
     host = markers.default_environment()
     target = {**host, **marker_environment(python)}
@@ -108,7 +109,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--python", default=DEFAULT_PYTHON, help="target Python X.Y (default %(default)s)")
     parser.add_argument("--glibc", default=DEFAULT_GLIBC, help="target glibc (default %(default)s)")
     parser.add_argument("--pip", type=Path, help=f"pip {PIP_VERSION} wheel (default: downloaded into --cache)")
-    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("MGRPO_PIP_CACHE", Path.home() / ".cache" / "mgrpo_verl")))
+    parser.add_argument("--cache", type=Path,
+                        default=Path(os.environ.get("MGRPO_PIP_CACHE", Path.home() / ".cache" / "mgrpo_verl")))
     parser.add_argument("--sdist-wheels", type=Path, metavar="DIR",
                         help="only build the wheels of SDIST_ONLY into DIR (for --find-links) and exit")
     parser.add_argument("pip_args", nargs=argparse.REMAINDER, help="-- then pip's command and options")

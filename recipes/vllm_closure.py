@@ -333,7 +333,8 @@ def minimal_trace(vllm_dir: Path, already_carried: set[str]) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             out, spec = Path(tmp) / "pass.json", Path(tmp) / "block.json"
             spec.write_text(json.dumps(block))
-            cmd = [sys.executable, __file__, "trace", "--vllm-dir", str(vllm_dir), "--out", str(out), "--block", str(spec)]
+            cmd = [sys.executable, __file__, "trace", "--vllm-dir", str(vllm_dir), "--out", str(out),
+                   "--block", str(spec)]
             subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if not out.is_file():
                 raise SystemExit(f"vllm_closure: a trace pass wrote nothing ({' '.join(cmd)})")
@@ -384,7 +385,8 @@ def select(vllm_dir: Path, closure: dict, carry_fa2: bool = False) -> dict:
             continue
         if rel in STATIC_DROPS and not (carry_fa2 and "fa2" in rel):
             if rel not in attempted:
-                raise SystemExit(f"vllm_closure: {rel} is a static drop but the trace never attempted it: re-check STATIC_DROPS")
+                raise SystemExit(f"vllm_closure: {rel} is a static drop but the trace never attempted it: "
+                                 "re-check STATIC_DROPS")
             dropped[rel] = STATIC_DROPS[rel]
         elif _binary(path):
             if rel in attempted:
@@ -499,7 +501,8 @@ class JoinError(Exception):
 
 def join(root: Path, out: Path, prefix: str = PART_PREFIX) -> dict:
     """Reassemble the parts under ``root`` into ``out``; every part's and the whole's SHA-256 must match."""
-    folders = sorted(root.glob(prefix + "*"), key=lambda p: int(p.name[len(prefix):]) if p.name[len(prefix):].isdigit() else -1)
+    folders = sorted(root.glob(prefix + "*"),
+                     key=lambda p: int(p.name[len(prefix):]) if p.name[len(prefix):].isdigit() else -1)
     if not folders:
         raise JoinError(f"no {prefix}<i> folders in {root}: carry them (the plan of gpu_carry.sh pack --vllm)")
     manifests = [json.loads((f / MANIFEST).read_text()) for f in folders]
@@ -513,7 +516,8 @@ def join(root: Path, out: Path, prefix: str = PART_PREFIX) -> dict:
         for folder, m in sorted(zip(folders, manifests), key=lambda fm: fm[1]["index"]):
             data = (folder / "part").read_bytes()
             if len(data) != m["bytes"] or hashlib.sha256(data).hexdigest() != m["sha256"]:
-                raise JoinError(f"{folder}/part: {len(data)} bytes, SHA-256 differs from its manifest: corrupt transfer")
+                raise JoinError(f"{folder}/part: {len(data)} bytes, SHA-256 differs from its manifest: "
+                                "corrupt transfer")
             h.update(data)
             dst.write(data)
     if h.hexdigest() != whole:
@@ -528,7 +532,8 @@ def check(root: Path, prefix: str = PART_PREFIX) -> list[str]:
     for folder in sorted(root.glob(prefix + "*")):
         m = json.loads((folder / MANIFEST).read_text())
         ok = _sha256(folder / "part") == m["sha256"]
-        lines.append(f"{folder.name}: part {m['index']} of {m['count']}, {m['bytes']} bytes, SHA-256 {'ok' if ok else 'MISMATCH'}")
+        lines.append(f"{folder.name}: part {m['index']} of {m['count']}, {m['bytes']} bytes, "
+                     f"SHA-256 {'ok' if ok else 'MISMATCH'}")
         if not ok:
             raise JoinError(lines[-1] + ": corrupt transfer, carry it again")
     return lines
@@ -538,7 +543,8 @@ def plan(root: Path, base: str, part_folders: list[Path], command: str, checkout
     """One device-tool call per part (the first also carries ``base`` when it fits): carry list, bytes, command."""
     calls = []
     base_bytes = _tree_bytes(root / base) if base else 0
-    with_first = bool(base_bytes and part_folders) and checkout + base_bytes + _tree_bytes(part_folders[0]) <= CALL_LIMIT
+    with_first = (bool(base_bytes and part_folders)
+                  and checkout + base_bytes + _tree_bytes(part_folders[0]) <= CALL_LIMIT)
     for i, folder in enumerate(part_folders, 1):
         carry = [folder.name]
         if i == 1 and with_first:
@@ -548,7 +554,8 @@ def plan(root: Path, base: str, part_folders: list[Path], command: str, checkout
         cmd = (f"bash recipes/gpu_carry.sh run -- {command}" if last else f"bash recipes/gpu_carry.sh receive {i}")
         calls.append({"call": i, "carry": carry, "bytes": size, "command": cmd})
     if base_bytes and not with_first:
-        calls.insert(0, {"call": 0, "carry": [base], "bytes": checkout + base_bytes, "command": "bash recipes/gpu_carry.sh receive"})
+        calls.insert(0, {"call": 0, "carry": [base], "bytes": checkout + base_bytes,
+                         "command": "bash recipes/gpu_carry.sh receive"})
     lines = []
     for n, c in enumerate(calls, 1):
         c["call"] = n
@@ -558,7 +565,8 @@ def plan(root: Path, base: str, part_folders: list[Path], command: str, checkout
     lines.append(f"total: {total / MiB:.1f} MiB in {len(calls)} transfers (limit {CALL_LIMIT // MiB} MiB per call)")
     over = [c for c in calls if c["bytes"] > CALL_LIMIT]
     if over:
-        raise SystemExit("vllm_closure: calls over the limit: " + "; ".join(f"call {c['call']} {c['bytes'] / MiB:.1f} MiB" for c in over))
+        raise SystemExit("vllm_closure: calls over the limit: "
+                         + "; ".join(f"call {c['call']} {c['bytes'] / MiB:.1f} MiB" for c in over))
     return calls, "\n".join(lines)
 
 
@@ -579,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--carry-fa2", action="store_true")
     p = sub.add_parser("split")
     p.add_argument("--archive", required=True, type=Path)
-    p.add_argument("--root", default=Path("."), type=Path, help="the checkout (parts go into <root>/.gpu_carry_vllm_<i>)")
+    p.add_argument("--root", default=Path("."), type=Path,
+                   help="the checkout (parts go into <root>/.gpu_carry_vllm_<i>)")
     p.add_argument("--base", default="", help="folder the first call carries too, if it fits (e.g. .gpu_carry)")
     p.add_argument("--command", default="bash recipes/gpu_smoke.sh B1 B2 B3", help="what the last call runs")
     p.add_argument("--plan-out", type=Path, help="also write the plan as JSON here")
@@ -622,14 +631,16 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(record, indent=1) + "\n")
         bad = {k: v for k, v in record["entries"].items() if not v.startswith("ok")}
         print(f"vllm_closure: expected failures (no CUDA runtime here): {EXPECTED_FAILURES}", file=sys.stderr)
-        print(f"vllm_closure: {len(record['vllm_files'])} vLLM files, {len(record['extensions'])} extensions attempted, "
+        print(f"vllm_closure: {len(record['vllm_files'])} vLLM files, "
+              f"{len(record['extensions'])} extensions attempted, "
               f"{len(record['distributions'])} other distributions; entries failed: {len(bad)}", file=sys.stderr)
         for k, v in bad.items():
             print(f"  {k}: {v}", file=sys.stderr)
         return 0 if record["complete"] else 1
     closure = json.loads(args.closure.read_text())
     if not closure.get("complete"):
-        raise SystemExit(f"vllm_closure: {args.closure} is an incomplete trace (an entry failed to import): not packing it")
+        raise SystemExit(f"vllm_closure: {args.closure} is an incomplete trace (an entry failed to import): "
+                         "not packing it")
     chosen = select(args.vllm_dir, closure, args.carry_fa2)
     args.out.write_text("".join(f"{p}\n" for p in chosen["keep"]))
     for rel, why in chosen["dropped"].items():

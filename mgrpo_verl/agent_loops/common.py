@@ -216,8 +216,9 @@ class QueryStats:
 
     def write(self) -> dict[str, Any]:
         """The ``reward_extra_info`` dict (unset optional numbers left out)."""
-        out: dict[str, Any] = {"acc": self.acc, "exact": self.exact, "calls": self.calls, "failed_calls": self.failed_calls,
-                               "main_tokens": self.main_tokens, "sub_tokens": self.sub_tokens}
+        out: dict[str, Any] = {"acc": self.acc, "exact": self.exact, "calls": self.calls,
+                               "failed_calls": self.failed_calls, "main_tokens": self.main_tokens,
+                               "sub_tokens": self.sub_tokens}
         out = {k: v for k, v in out.items() if v is not None}
         out.update(self.tools)
         if self.reward_errors is not None:
@@ -264,7 +265,8 @@ class QueryStats:
             raise ValueError(f"{where}: a per-query statistic is not a number: {err}") from None
 
 
-def query_stats(row: dict[str, Any], answer: str, *, acc: float, calls: int, failed_calls: int, **stats: float) -> dict[str, Any]:
+def query_stats(row: dict[str, Any], answer: str, *, acc: float, calls: int, failed_calls: int,
+                **stats: float) -> dict[str, Any]:
     """A main trajectory's ``reward_extra_info``: :class:`QueryStats` written, with the main agent's final
     ``answer`` text (its first :data:`ANSWER_CHARS` characters) and the row's :data:`QUERY_TAGS` as text.
     ``stats``: ``exact``, ``main_tokens``, ``sub_tokens``, :data:`REWARD_ERRORS` and ``tool/<name>`` counts. verl's
@@ -336,7 +338,8 @@ def score_trajectory(
     calls = len(reports) if calls is None else calls
     failed_calls = sum(r.text is None for r in reports) if failed_calls is None else failed_calls
     info = query_stats(
-        row, answer, acc=score, exact=exact_match(answer, ground_truth), calls=calls, failed_calls=failed_calls, **stats,
+        row, answer, acc=score, exact=exact_match(answer, ground_truth), calls=calls, failed_calls=failed_calls,
+        **stats,
         **{REWARD_ERRORS: errors + sum(s[1] for s in sub_scores if s is not None)},
     )
     main_id = main_traj_id(prefix)

@@ -100,7 +100,8 @@ class CooperativeLoop(AgentLoopBase):
         frontier = [_Node("", -1, {a: [] for a in task.agents})]  # the task itself: the roots' parent
         leaves: list[float] = []
         while frontier:
-            expansions = await asyncio.gather(*(self._expand(task, item, agents, node, sampling_params) for node in frontier))
+            expansions = await asyncio.gather(*(self._expand(task, item, agents, node, sampling_params)
+                                                for node in frontier))
             next_frontier = []
             for children, n_failed in expansions:
                 failed += n_failed
@@ -141,7 +142,8 @@ class CooperativeLoop(AgentLoopBase):
             )
         return out
 
-    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, common.AgentHandle], node: _Node, sampling_params):
+    async def _expand(self, task: CoopTask, item: Any, agents: dict[str, common.AgentHandle], node: _Node,
+                      sampling_params):
         """The children of ``node``: G completions per agent, joined, scored."""
         s = self.magrpo
         prompts = {}
@@ -194,7 +196,8 @@ class CooperativeLoop(AgentLoopBase):
             logger.warning("the joint reward could not be computed, scored 0: %s: %.500s", type(exc).__name__, exc)
             return CoopReward(0.0, {REWARD_ERRORS: 1.0}, f"the reward could not be computed ({type(exc).__name__})")
 
-    async def _complete(self, agent: common.AgentHandle, prompt_ids: list[int], sampling_params) -> common.Generation | None:
+    async def _complete(self, agent: common.AgentHandle, prompt_ids: list[int],
+                        sampling_params) -> common.Generation | None:
         try:
             return await asyncio.wait_for(
                 common.generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),

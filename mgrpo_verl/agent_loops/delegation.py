@@ -84,13 +84,15 @@ class _MainTurns:
                 tool_calls=self.calls_seconds,
                 num_preempted=common.preempted(self.generations),
             ),
-            extra_fields={**common.merge_generation_fields(self.generations), ROW_META: mgrpo, "reward_extra_info": reward_extra_info},
+            extra_fields={**common.merge_generation_fields(self.generations), ROW_META: mgrpo,
+                          "reward_extra_info": reward_extra_info},
             reward_score=score,
         )
 
 
 def sub_row(
-    prompt_ids: list[int], call: common.Generation, mgrpo: dict[str, Any], reward_extra_info: dict[str, Any], score: float
+    prompt_ids: list[int], call: common.Generation, mgrpo: dict[str, Any], reward_extra_info: dict[str, Any],
+    score: float,
 ) -> AgentLoopOutput:
     """The row of one sub-agent call: every response token generated (mask 1); user prompt + answer turns."""
     return common.output_row(
@@ -137,12 +139,14 @@ class RelayDelegationLoop(AgentLoopBase):
             for call in calls
         ]
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
-        answer_text = await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens) if turns.room else ""
+        answer_text = (await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens)
+                       if turns.room else "")
 
         answered = [call for call in calls if not isinstance(call, str)]
         scored = common.score_trajectory(
             self.settings, kwargs, prefix, answer_text, digit,
-            [common.SubReport(sub.name, j, None if isinstance(call, str) else text) for j, (call, text) in enumerate(zip(calls, texts))],
+            [common.SubReport(sub.name, j, None if isinstance(call, str) else text)
+             for j, (call, text) in enumerate(zip(calls, texts))],
             observation_truncated=turns.observation_truncated,
             main_tokens=sum(len(g.token_ids) for g in turns.generations),
             sub_tokens=sum(len(call.token_ids) for call in answered),
@@ -152,8 +156,8 @@ class RelayDelegationLoop(AgentLoopBase):
         )
 
     async def _run_remote(
-        self, turns: _MainTurns, sub: common.AgentHandle, kwargs: dict[str, Any], prefix: str, digit: str, plan_text: str,
-        d: int, sampling_params: dict[str, Any],
+        self, turns: _MainTurns, sub: common.AgentHandle, kwargs: dict[str, Any], prefix: str, digit: str,
+        plan_text: str, d: int, sampling_params: dict[str, Any],
     ) -> list[AgentLoopOutput]:
         """Decoupled mode: the ``d`` calls go to the sub side serving ``sub`` (:class:`RemoteSubAgent`),
         which keeps the sub rows; this process returns the main row only. Its metadata adds ``session``
@@ -176,19 +180,22 @@ class RelayDelegationLoop(AgentLoopBase):
         ]
         start = time.perf_counter()
         replies = await asyncio.gather(
-            *(asyncio.wait_for(call_or_error(sub.client, r), timeout=self.settings.delegation.timeout_s) for r in requests),
+            *(asyncio.wait_for(call_or_error(sub.client, r), timeout=self.settings.delegation.timeout_s)
+              for r in requests),
             return_exceptions=True,
         )
         turns.calls_seconds = time.perf_counter() - start
         replies = [
             r if isinstance(r, (SubCallReply, str))
-            else f"<error: timed out after {self.settings.delegation.timeout_s:g}s>" if isinstance(r, asyncio.TimeoutError)
+            else f"<error: timed out after {self.settings.delegation.timeout_s:g}s>"
+            if isinstance(r, asyncio.TimeoutError)
             else f"<error: {type(r).__name__}: {r}>"
             for r in replies
         ]
         texts = [r if isinstance(r, str) else r.text for r in replies]
         await self._observe(turns, plan_text, "Helper said: " + " | ".join(texts) if d else "Helper was not asked.")
-        answer_text = await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens) if turns.room else ""
+        answer_text = (await self._main_turn(turns, sampling_params, self.settings.delegation.answer_tokens)
+                       if turns.room else "")
         used = [r.traj_id for r in replies if isinstance(r, SubCallReply)]
         scored = common.score_trajectory(
             self.settings, kwargs, prefix, answer_text, digit, [],  # the sub side keeps and scores the sub rows

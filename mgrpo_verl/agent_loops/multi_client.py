@@ -54,7 +54,8 @@ class MultiAgentLLMClient(LLMServerClient):
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         """The main agent's generation, by its own client."""
-        return await self._clients[self.main].generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs)
+        return await self._clients[self.main].generate(request_id, prompt_ids=prompt_ids,
+                                                       sampling_params=sampling_params, **kwargs)
 
     @property
     def agents(self) -> tuple[str, ...]:

@@ -124,15 +124,18 @@ class SubCallRequest:
     def __post_init__(self) -> None:
         for name in ("agent", "agent_loop", "traj_id", "parent_traj_id", "uid"):
             value = getattr(self, name)
-            _require(isinstance(value, str) and bool(value), f"SubCallRequest.{name} must be a non-empty string, got {value!r}")
+            _require(isinstance(value, str) and bool(value),
+                     f"SubCallRequest.{name} must be a non-empty string, got {value!r}")
         for name in ("session", "main_step"):
             value = getattr(self, name)
             _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                      f"SubCallRequest.{name} must be an int >= 0, got {value!r}")
         _require(
             isinstance(self.messages, list) and bool(self.messages)
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in self.messages),
-            f"SubCallRequest.messages must be a non-empty list of {{'role': str, 'content': str}}, got {self.messages!r}",
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in self.messages),
+            f"SubCallRequest.messages must be a non-empty list of {{'role': str, 'content': str}}, "
+            f"got {self.messages!r}",
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -145,7 +148,8 @@ class SubCallRequest:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(body) - known)
         _require(not unknown, f"sub call: unknown field(s) {unknown}; known fields are {sorted(known)}")
-        missing = sorted(f.name for f in fields(cls) if f.name not in body and f.name not in ("ground_truth", "main_step"))
+        missing = sorted(f.name for f in fields(cls)
+                         if f.name not in body and f.name not in ("ground_truth", "main_step"))
         _require(not missing, f"sub call: missing field(s) {missing}")
         return cls(**body)
 
@@ -163,7 +167,8 @@ class SubCallReply:
     def from_json(cls, body: Any) -> SubCallReply:
         _require(isinstance(body, dict), f"sub call reply: expected a JSON object, got {body!r}")
         try:
-            reply = cls(str(body["traj_id"]), str(body["text"]), int(body["policy_version"]), int(body["response_tokens"]))
+            reply = cls(str(body["traj_id"]), str(body["text"]), int(body["policy_version"]),
+                        int(body["response_tokens"]))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"sub call reply: malformed {body!r} ({err})") from None
         return reply
@@ -178,7 +183,8 @@ class RemoteSubAgent:
     """
 
     def __init__(self, agent: str, url: str, timeout_s: float, secret: str):
-        _require(isinstance(agent, str) and bool(agent), f"RemoteSubAgent: agent must be a non-empty string, got {agent!r}")
+        _require(isinstance(agent, str) and bool(agent),
+                 f"RemoteSubAgent: agent must be a non-empty string, got {agent!r}")
         _require(isinstance(url, str) and url.startswith(("http://", "https://")), f"RemoteSubAgent: bad url {url!r}")
         _require(isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0,
                  f"RemoteSubAgent: timeout_s must be > 0, got {timeout_s!r}")
@@ -197,7 +203,8 @@ class RemoteSubAgent:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.post(self.url + CALL_PATH, json=request.to_json(), headers=self._headers) as response:
+                async with session.post(self.url + CALL_PATH, json=request.to_json(),
+                                        headers=self._headers) as response:
                     body = await response.json(content_type=None)
                     if response.status != 200:
                         message = body.get("error") if isinstance(body, dict) else body
@@ -214,14 +221,16 @@ class RemoteSubAgent:
 
     def _request(self, path: str, body: dict | None = None, timeout_s: float = 10.0) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json", **self._headers},
+        req = urllib.request.Request(self.url + path, data=data,
+                                     headers={"Content-Type": "application/json", **self._headers},
                                      method="GET" if body is None else "POST")
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as response:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as err:
             error = RemoteAuthError if err.code == 401 else RemoteCallError
-            raise error(f"sub side {self.url}{path} answered {err.code}: {err.read().decode(errors='replace')}") from None
+            raise error(f"sub side {self.url}{path} answered {err.code}: "
+                        f"{err.read().decode(errors='replace')}") from None
         except (urllib.error.URLError, OSError, json.JSONDecodeError) as err:
             raise RemoteCallError(f"sub side {self.url}{path} unreachable: {err}") from None
 
@@ -237,7 +246,8 @@ class RemoteSubAgent:
             try:
                 health = self.health(timeout_s=max(1.0, poll_s))
                 if health.get("agent") != self.agent:
-                    raise RemoteCallError(f"sub side {self.url} serves agent {health.get('agent')!r}, not {self.agent!r}")
+                    raise RemoteCallError(f"sub side {self.url} serves agent {health.get('agent')!r}, "
+                                          f"not {self.agent!r}")
                 return health
             except RemoteAuthError as err:
                 raise RemoteAuthError(f"{err} (both sides need the same secret: multi_agent.decoupled.secret_file "

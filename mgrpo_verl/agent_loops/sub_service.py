@@ -31,7 +31,9 @@ from typing import Any
 
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from mgrpo_verl.agent_loops.remote_sub import CALL_PATH, HEALTH_PATH, MIN_SECRET_CHARS, MODE_PATH, SubCallRequest, bearer
+from mgrpo_verl.agent_loops.remote_sub import (
+    CALL_PATH, HEALTH_PATH, MIN_SECRET_CHARS, MODE_PATH, SubCallRequest, bearer,
+)
 from mgrpo_verl.rowmeta import RowMeta
 
 logger = logging.getLogger(__name__)
@@ -89,7 +91,8 @@ class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
         from aiohttp import web
 
         if not isinstance(secret, str) or len(secret) < MIN_SECRET_CHARS:
-            raise ValueError(f"SubAgentService.start: the secret must be a string of at least {MIN_SECRET_CHARS} characters")
+            raise ValueError(f"SubAgentService.start: the secret must be a string of at least {MIN_SECRET_CHARS} "
+                             "characters")
         self._expected = bearer(secret)["Authorization"].encode()
         self.max_inflight, self.admitted = int(max_inflight), 0
         app = web.Application(middlewares=[self._authenticate])
@@ -115,7 +118,8 @@ class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
         given = request.headers.get("Authorization", "").encode()
         if not hmac.compare_digest(given, self._expected):
             self.calls["unauthorized"] += 1
-            return web.json_response({"error": "unauthorized: present the shared secret (Authorization: Bearer)"}, status=401)
+            return web.json_response({"error": "unauthorized: present the shared secret (Authorization: Bearer)"},
+                                     status=401)
         return await handler(request)
 
     _authenticate.__middleware_version__ = 1  # what aiohttp's @web.middleware marks: (request, handler) signature
@@ -156,10 +160,12 @@ class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
             return web.json_response({"error": str(err)}, status=400)
         if call.agent != self.agent:
             self.calls["refused"] += 1
-            return web.json_response({"error": f"this sub side serves agent {self.agent!r}, not {call.agent!r}"}, status=404)
+            return web.json_response({"error": f"this sub side serves agent {self.agent!r}, not {call.agent!r}"},
+                                     status=404)
         if self.admitted >= self.max_inflight:
             self.calls["overloaded"] += 1
-            return web.json_response({"error": f"{self.admitted} calls in flight already, the most this sub side admits"},
+            return web.json_response({"error": f"{self.admitted} calls in flight already, "
+                                               "the most this sub side admits"},
                                      status=503, headers={"Retry-After": "1"})
         self.admitted += 1
         try:

@@ -293,7 +293,8 @@ def _output_row(
         _fit(output.response_logprobs, len(output.response_ids)),
         num_turns=output.num_turns,
         metrics=output.metrics,
-        extra_fields={**common.merge_generation_fields(generations), ROW_META: mgrpo, "reward_extra_info": reward_extra_info},
+        extra_fields={**common.merge_generation_fields(generations), ROW_META: mgrpo,
+                      "reward_extra_info": reward_extra_info},
         reward_score=score,
     )
 
@@ -523,7 +524,8 @@ class ToolDelegationLoop(ToolAgentLoop):
             "multi_turn": {
                 "max_assistant_turns": self.settings.delegation.sub_max_turns,
                 **{
-                    key: setting(agent_config, f"{multi_turn}.{key}", setting(main_rollout, f"multi_turn.{key}", default))
+                    key: setting(agent_config, f"{multi_turn}.{key}",
+                                 setting(main_rollout, f"multi_turn.{key}", default))
                     for key, default in (
                         ("max_user_turns", None),
                         ("max_parallel_calls", 1),
@@ -545,7 +547,8 @@ class ToolDelegationLoop(ToolAgentLoop):
             tools=ToolListWrap(_tools_for(agent_config)),
         )
         return _SubAgent(
-            name, client, tokenizer, response_length, min(self.settings.delegation.sub_response_tokens, response_length), loop
+            name, client, tokenizer, response_length,
+            min(self.settings.delegation.sub_response_tokens, response_length), loop,
         )
 
     # -- rows
@@ -556,7 +559,8 @@ class ToolDelegationLoop(ToolAgentLoop):
         answer = state.main.final_text(self.tokenizer)
         scored = common.score_trajectory(
             self.settings, row, prefix, answer, ground_truth,
-            [common.SubReport(call.agent, call.index, None if call.output is None else call.report) for call in state.calls],
+            [common.SubReport(call.agent, call.index, None if call.output is None else call.report)
+             for call in state.calls],
             failed_calls=state.failed_calls,
             observation_truncated=state.observation_truncated,
             main_tokens=sum(len(g.token_ids) for g in state.main.generations),

@@ -201,7 +201,8 @@ def plan_batch_alignment(data: Any, d_max: DMax, seed: int) -> BatchAlignment:
     return plan_resolved_alignment(parent_row, f["agent"], f["uid"], d_max, seed)
 
 
-def plan_resolved_alignment(parent_row: np.ndarray, agent: np.ndarray, uid: np.ndarray, d_max: DMax, seed: int) -> BatchAlignment:
+def plan_resolved_alignment(parent_row: np.ndarray, agent: np.ndarray, uid: np.ndarray, d_max: DMax,
+                            seed: int) -> BatchAlignment:
     """:func:`plan_batch_alignment` of rows whose hierarchy is already resolved.
 
     Args:
@@ -246,7 +247,8 @@ def align_trajectories(data: Any, d_max: DMax, seed: int) -> Any:
         ValueError: a missing field, a bad ``d_max``, or a broken hierarchy (see ``resolve_parents``).
     """
     alignment = plan_batch_alignment(data, d_max, seed)
-    plan, main_rows, sub_rows, agent_names = alignment.plan, alignment.main_rows, alignment.sub_rows, alignment.agent_names
+    plan, main_rows, sub_rows, agent_names = (alignment.plan, alignment.main_rows, alignment.sub_rows,
+                                              alignment.agent_names)
     nt_in = data.non_tensor_batch
     traj_id, uid = nt_in["traj_id"], nt_in["uid"]
     n_main, n_agents = len(main_rows), len(agent_names)
@@ -264,7 +266,8 @@ def align_trajectories(data: Any, d_max: DMax, seed: int) -> Any:
     copied = (kind == DUPLICATE) | (kind == BORROWED)
     nt["parent_traj_id"] = np.concatenate([nt_in["parent_traj_id"][main_rows], traj_id[slot_main]]).astype(object)
     nt["uid"] = np.concatenate([uid[main_rows], uid[slot_main]])
-    nt["aligned_from"] = np.concatenate([np.full(n_main, "", dtype=object), np.where(copied, nt["traj_id"][n_main:], "")])
+    nt["aligned_from"] = np.concatenate([np.full(n_main, "", dtype=object),
+                                         np.where(copied, nt["traj_id"][n_main:], "")])
     nt["is_padding"] = np.concatenate([np.zeros(n_main, dtype=bool), padding])
     if padding.any():
         suffix = np.array([f"#pad/{a}/{j}" for a in agent_names for j in range(d)], dtype=str)

@@ -132,9 +132,11 @@ class MAGRPOConfig:
         if not isinstance(self.norm_adv_by_std, bool):
             raise ValueError(f"MAGRPOConfig: norm_adv_by_std must be a bool, got {self.norm_adv_by_std!r}")
         if self.num_generations is not None and (
-            isinstance(self.num_generations, bool) or not isinstance(self.num_generations, int) or self.num_generations < 1
+            isinstance(self.num_generations, bool) or not isinstance(self.num_generations, int)
+            or self.num_generations < 1
         ):
-            raise ValueError(f"MAGRPOConfig: num_generations must be a positive int or None, got {self.num_generations!r}")
+            raise ValueError(f"MAGRPOConfig: num_generations must be a positive int or None, "
+                             f"got {self.num_generations!r}")
 
     @classmethod
     def from_any(cls, config: Any) -> "MAGRPOConfig":

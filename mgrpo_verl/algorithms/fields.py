@@ -42,7 +42,8 @@ def require_tensor(data: Any, names: tuple[str, ...], who: str) -> dict[str, tor
     return {n: batch[n] for n in names}
 
 
-def row_scores(token_level_rewards: torch.Tensor, row_ids: np.ndarray, who: str, id_name: str = "traj_id") -> torch.Tensor:
+def row_scores(token_level_rewards: torch.Tensor, row_ids: np.ndarray, who: str,
+               id_name: str = "traj_id") -> torch.Tensor:
     """Each row's own score, the sum of its token rewards; NaN or ±inf is an error naming the rows.
 
     Args:

@@ -37,7 +37,8 @@ def resolve_parents(traj_id: np.ndarray, parent_traj_id: np.ndarray, uid: np.nda
     sub = is_sub_row(parent_traj_id)
     empty = ~traj_id.astype(bool)  # "" or None
     if empty.any():
-        raise ValueError(f"{who}: {int(empty.sum())} row(s) have an empty traj_id (rows {list_some(np.flatnonzero(empty))})")
+        raise ValueError(f"{who}: {int(empty.sum())} row(s) have an empty traj_id "
+                         f"(rows {list_some(np.flatnonzero(empty))})")
     sub_rows = np.flatnonzero(sub)
     codes, labels = factorize(np.concatenate([traj_id, np.asarray(parent_traj_id, dtype=object)[sub_rows]]))
     own, parent_code = codes[:n], codes[n:]
@@ -50,7 +51,8 @@ def resolve_parents(traj_id: np.ndarray, parent_traj_id: np.ndarray, uid: np.nda
         rows = sub_rows[missing]
         raise ValueError(
             f"{who}: {len(rows)} sub-agent row(s) name a parent that is not in the batch: traj_id "
-            f"{list_some(traj_id[rows])} with parent_traj_id {list_some(np.asarray(parent_traj_id, dtype=object)[rows])}"
+            f"{list_some(traj_id[rows])} with parent_traj_id "
+            f"{list_some(np.asarray(parent_traj_id, dtype=object)[rows])}"
         )
     parent_row = np.full(n, -1, dtype=np.int64)
     parent_row[sub_rows] = parent_code

@@ -45,7 +45,8 @@ def magrpo_node_returns(reward: torch.Tensor, parent: torch.Tensor, turn: torch.
     for t in range(last, 0, -1):
         child = torch.nonzero(turn == t).reshape(-1)
         total = torch.zeros(n, dtype=torch.float64).index_add_(0, parent[child], ret[child])
-        count = torch.zeros(n, dtype=torch.float64).index_add_(0, parent[child], torch.ones(len(child), dtype=torch.float64))
+        count = torch.zeros(n, dtype=torch.float64).index_add_(0, parent[child],
+                                                               torch.ones(len(child), dtype=torch.float64))
         expanded = count > 0
         ret = torch.where(expanded, r + gamma * total / count.clamp_min(1.0), ret)
     return ret
@@ -224,7 +225,8 @@ def magrpo_row_advantage(
             raise ValueError(
                 f"{who}: joint_mode={cfg.joint_mode!r} with num_generations={cfg.num_generations} and {n_agents} "
                 f"agents needs {expected} children per expanded node (and roots per uid), but the siblings of "
-                f"node(s) {list_some(node_ids[wrong])} (uid {list_some(node_uid[wrong])}) number {list_some(size[wrong])}"
+                f"node(s) {list_some(node_ids[wrong])} (uid {list_some(node_uid[wrong])}) "
+                f"number {list_some(size[wrong])}"
             )
 
     reward = scores.to(torch.float64)[torch.from_numpy(first_row)]

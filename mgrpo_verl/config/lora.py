@@ -10,7 +10,8 @@ Differs from verl, where one rollout engine serves one adapter: with the ``hf`` 
 agents whose adapters stay separate (``model.lora.merge: false``, verl's default) and whose base is the same
 ``model.path`` share **one** engine, hosted by the first of them (:func:`adapter_hosts`); each agent's
 weight sync sends its adapter only, under the agent's name, and each agent's requests name its adapter
-(``hf``: our engine, ``mgrpo_verl/hf_rollout/adapters.py``; ``vllm``: vLLM's multi-LoRA, ``mgrpo_verl/vllm_rollout/lora.py``).
+(``hf``: our engine, ``mgrpo_verl/hf_rollout/adapters.py``; ``vllm``: vLLM's multi-LoRA,
+``mgrpo_verl/vllm_rollout/lora.py``).
 With ``lora.merge: true`` (verl syncs merged full weights) or SGLang (verl's one adapter per engine, never run
 here), a LoRA agent gets an engine of its own, as a full model does.
 """
@@ -71,7 +72,8 @@ def shared_vllm_adapters(fulls: Mapping[str, DictConfig], hosts: Mapping[str, st
     ``mgrpo_verl/vllm_rollout/lora.py``): ``{"host": agent, "ids": {agent: id}, "max_rank": r}``, ids 1, 2, ... in the
     order of ``hosts`` (vLLM's adapter ids start at 1), the largest rank of the engine's agents; for every agent
     that ``hosts`` (:func:`adapter_hosts` of ``fulls``) puts on a vLLM engine, the host included."""
-    hosts = {name: host for name, host in hosts.items() if setting(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
+    hosts = {name: host for name, host in hosts.items()
+             if setting(fulls[name], "actor_rollout_ref.rollout.name") == "vllm"}
     tables: dict[str, dict[str, Any]] = {}
     for name, host in hosts.items():
         table = tables.setdefault(host, {"host": host, "ids": {}, "max_rank": 0})
@@ -127,8 +129,9 @@ def check_lora(ma: MultiAgentConfig, fulls: Mapping[str, DictConfig]) -> None:
             a, b = setting(mine, key), setting(theirs, key)
             if a != b:
                 raise ValueError(
-                    f"LoRA agents {host!r} and {name!r} share one rollout engine (same actor_rollout_ref.model.path and "
-                    f"rollout.name, lora.merge false) but {key} differs ({b!r} vs {a!r}): the engine is built once, from "
+                    f"LoRA agents {host!r} and {name!r} share one rollout engine (same actor_rollout_ref.model.path "
+                    f"and rollout.name, lora.merge false) but {key} differs ({b!r} vs {a!r}): the engine is built "
+                    f"once, from "
                     f"{host!r}'s settings; make them equal (or set model.lora.merge=true on {name!r} to give it an "
                     f"engine of its own)"
                 )

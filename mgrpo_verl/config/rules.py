@@ -142,8 +142,9 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
         for spec in ma.model_owners:
             if spec.n_gpus_per_node not in (None, total):
                 raise ValueError(
-                    f"multi_agent.agents.{spec.name}.n_gpus_per_node is {spec.n_gpus_per_node!r} but multi_agent.placement "
-                    f"is 'shared': every agent's workers use all trainer.n_gpus_per_node={total} GPUs; set it to null (or "
+                    f"multi_agent.agents.{spec.name}.n_gpus_per_node is {spec.n_gpus_per_node!r} but "
+                    f"multi_agent.placement is 'shared': every agent's workers use all "
+                    f"trainer.n_gpus_per_node={total} GPUs; set it to null (or "
                     f"multi_agent.placement=separate to give agents GPUs of their own)"
                 )
         ma = dataclasses.replace(ma, agents={n: dataclasses.replace(a, n_gpus_per_node=total) if a.owns_model else a
@@ -184,7 +185,8 @@ def check_multi_agent(config: DictConfig) -> tuple[MultiAgentConfig, dict[str, D
     # LoRA agents: verl's keys per agent, which of them share a rollout engine
     check_lora(ma, fulls)
     # MAGRPO: a model trains on B x G first-turn rows (x G per later turn), verl's rollout.n being 1
-    _check_agent_overrides(config, fulls, owners, rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
+    _check_agent_overrides(config, fulls, owners,
+                           rows_per_prompt=ma.magrpo.num_generations if ma.algorithm == "magrpo" else 1)
     if ma.algorithm != "magrpo":  # MAGRPO's rows per model: _check_magrpo_batches above
         _check_micro_batches(fulls, owners)
     return ma, fulls, mode
@@ -208,7 +210,8 @@ def _check_magrpo_batches(config: DictConfig, magrpo: MAGRPOConfig, coop: Cooper
                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"):
         value = setting(config, key)
         if _is_int(value) and value > 0 and unit % value:
-            what = "multi_agent.magrpo.num_generations" if coop.num_turns > 1 else "data.train_batch_size x num_generations"
+            what = ("multi_agent.magrpo.num_generations" if coop.num_turns > 1
+                    else "data.train_batch_size x num_generations")
             raise ValueError(
                 f"{key} is {value} but a model's rows come in multiples of {unit} ({what}); verl needs whole "
                 f"mini- and micro-batches: set it to a divisor of {unit}"
@@ -270,8 +273,8 @@ def _check_shared_engines(fulls: Mapping[str, DictConfig], owners: list[AgentCon
         value = setting(full, "actor_rollout_ref.rollout.gpu_memory_utilization")
         if not _positive(value) or value >= 1:
             raise ValueError(
-                f"actor_rollout_ref.rollout.gpu_memory_utilization of agent {spec.name!r} must be a fraction in (0, 1), "
-                f"got {value!r}"
+                f"actor_rollout_ref.rollout.gpu_memory_utilization of agent {spec.name!r} must be a fraction in "
+                f"(0, 1), got {value!r}"
             )
         fractions[spec.name] = value
     if sum(fractions.values()) >= 1:
@@ -323,7 +326,8 @@ def _check_micro_batches(fulls: Mapping[str, DictConfig], owners: list[AgentConf
     dynamic batch size are not split this way."""
     for spec in owners:
         _check_model_micro_batches(
-            fulls[spec.name], spec.key_of, f"agent {spec.name!r}'s model", setting(fulls[spec.name], "trainer.n_gpus_per_node"),
+            fulls[spec.name], spec.key_of, f"agent {spec.name!r}'s model",
+            setting(fulls[spec.name], "trainer.n_gpus_per_node"),
             f"multi_agent.agents.{spec.name}.n_gpus_per_node, or every GPU with multi_agent.placement=shared",
             "; a sub-agent's model that many times D_max",
         )
@@ -435,14 +439,16 @@ def check_override_keys(config: DictConfig, owners: Any = ()) -> None:
     if not OmegaConf.is_config(top):
         return
     schema = OmegaConf.to_container(top, resolve=False)
-    sources = [(f"multi_agent.agents.{s.name}.actor_rollout_ref", s.actor_rollout_ref) for s in owners if s.actor_rollout_ref]
+    sources = [(f"multi_agent.agents.{s.name}.actor_rollout_ref", s.actor_rollout_ref)
+               for s in owners if s.actor_rollout_ref]
     for path, override in sources:
         bad = _unknown_keys(override, None, schema, path)
         if bad:
             key, allowed = bad[0]
             leaf = key.rsplit(".", 1)[1]
             close = difflib.get_close_matches(leaf, [a for a in allowed if a != "_target_"], n=1)
-            value = OmegaConf.select(config, key, default=None, throw_on_missing=False, throw_on_resolution_failure=False)
+            value = OmegaConf.select(config, key, default=None, throw_on_missing=False,
+                                     throw_on_resolution_failure=False)
             raise ValueError(
                 f"{key}={value!r}: unknown key, verl's config has no {leaf!r} there"
                 + (f" (did you mean {close[0]!r}?)" if close else f"; its keys are {sorted(allowed)}")

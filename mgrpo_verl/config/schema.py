@@ -230,7 +230,8 @@ class CooperationConfig(BaseConfig):
         _int_at_least(f"{p}.num_turns", self.num_turns, 1)
         _int_at_least(f"{p}.response_tokens", self.response_tokens, 1)
         if self.termination_threshold is not None and not math.isfinite(self.termination_threshold):
-            raise ValueError(f"{p}.termination_threshold must be null or a finite number, got {self.termination_threshold!r}")
+            raise ValueError(f"{p}.termination_threshold must be null or a finite number, "
+                             f"got {self.termination_threshold!r}")
         _positive_finite(f"{p}.timeout_s", self.timeout_s)
 
 
@@ -308,7 +309,8 @@ class DecoupledConfig(BaseConfig):
             if not re.fullmatch(r"https?://[^/\s]+/?", url):
                 raise ValueError(f"{p}.sub_urls.{name} must be a base URL such as http://host:8470, got {url!r}")
         _set(self, "sub_urls", {k: v.rstrip("/") for k, v in urls.items()})
-        if self.role is not None and (not isinstance(self.store, str) or not re.match(r"(sqlite|redis|rediss)://", self.store)):
+        if self.role is not None and (not isinstance(self.store, str)
+                                      or not re.match(r"(sqlite|redis|rediss)://", self.store)):
             raise ValueError(
                 f"{p}.store must be the store's URL (sqlite:///abs/path.db or redis://host:port/db) when role is "
                 f"{self.role!r}, got {self.store!r}"
@@ -420,15 +422,17 @@ class MultiAgentConfig(BaseConfig):
                                      f"(got {target!r}); let the other agents share the main agent's model instead")
                 if self.agents[target].share_model_with is not None:
                     raise ValueError(f"{where}: {target!r} itself shares the model of "
-                                     f"{self.agents[target].share_model_with!r}; name the agent that owns the model (no chains)")
+                                     f"{self.agents[target].share_model_with!r}; name the agent that owns the model "
+                                     f"(no chains)")
                 if spec.actor_rollout_ref:
                     # one switch (share_model_with) turns a config into the single-agent baseline, whatever the
                     # agent's own model settings were; they cannot apply, so they are dropped, loudly
-                    logger.warning("%s.actor_rollout_ref is ignored: %r plays the model of %r, whose settings apply (%r)",
-                                   path, name, target, spec.actor_rollout_ref)
+                    logger.warning("%s.actor_rollout_ref is ignored: %r plays the model of %r, whose settings "
+                                   "apply (%r)", path, name, target, spec.actor_rollout_ref)
                     self.agents[name] = spec = dataclasses.replace(spec, actor_rollout_ref={})
                 if spec.trainable != self.agents[target].trainable:
-                    raise ValueError(f"{path}.trainable is {spec.trainable!r} but the agent owning its model, {target!r}, has "
+                    raise ValueError(f"{path}.trainable is {spec.trainable!r} but the agent owning its model, "
+                                     f"{target!r}, has "
                                      f"trainable {self.agents[target].trainable!r}: both play the same weights, which "
                                      f"cannot be frozen and trained at once; make them equal")
             elif spec.n_gpus_per_node is not None and spec.n_gpus_per_node < 1:
@@ -439,7 +443,8 @@ class MultiAgentConfig(BaseConfig):
                     raise ValueError(f"{path}.node_resource must be null or the name of a custom Ray resource, "
                                      f"got {spec.node_resource!r}")
                 if target is not None or self.placement == "shared":
-                    why = f"it plays {target!r}'s model" if target is not None else "multi_agent.placement is 'shared' (one pool)"
+                    why = (f"it plays {target!r}'s model" if target is not None
+                           else "multi_agent.placement is 'shared' (one pool)")
                     raise ValueError(f"{path}.node_resource={spec.node_resource!r} cannot apply: {why}; set it to null")
         if not any(s.trainable for s in self.agents.values() if s.owns_model):
             raise ValueError(f"{_A}.*.trainable: no agent with its own model is trainable, so nothing would be "
@@ -476,17 +481,20 @@ class MultiAgentConfig(BaseConfig):
         if d.role is None:
             return
         if self.algorithm != "mgrpo":
-            raise ValueError(f"multi_agent.algorithm is {self.algorithm!r} but decoupled mode ({p}.role) computes M-GRPO "
-                             f"advantages only: the grpo baseline gives sub rows their parent's advantage, which needs one process")
+            raise ValueError(f"multi_agent.algorithm is {self.algorithm!r} but decoupled mode ({p}.role) computes "
+                             f"M-GRPO advantages only: the grpo baseline gives sub rows their parent's advantage, "
+                             f"which needs one process")
         main_owner = self.owner_of(self.main)
         if d.role == "main":
             remote = [a for a in self.sub_agents if self.owner_of(a) != main_owner]
             missing = [a for a in remote if a not in d.sub_urls]
             if not remote:
-                raise ValueError(f"{p}.role is 'main' but every agent plays the main agent's model: nothing to decouple")
+                raise ValueError(f"{p}.role is 'main' but every agent plays the main agent's model: "
+                                 "nothing to decouple")
             if missing:
-                raise ValueError(f"{p}.sub_urls has no URL for sub-agent(s) {missing}: on the main side every sub-agent "
-                                 f"with a model of its own is served by a sub side (set {p}.sub_urls.<agent>=http://host:port)")
+                raise ValueError(f"{p}.sub_urls has no URL for sub-agent(s) {missing}: on the main side every "
+                                 f"sub-agent with a model of its own is served by a sub side "
+                                 f"(set {p}.sub_urls.<agent>=http://host:port)")
         else:
             train = d.train_agent if d.train_agent is not None else self.owner_of(self.delegation.sub_agent)
             owners = [a.name for a in self.model_owners]
@@ -555,7 +563,8 @@ class MultiAgentConfig(BaseConfig):
         offset = 0
         for name in owners:
             if name not in replicas_per_agent:
-                raise ValueError(f"replica_offsets: no replica count for model owner {name!r}; model owners are {owners}")
+                raise ValueError(f"replica_offsets: no replica count for model owner {name!r}; "
+                                 f"model owners are {owners}")
             count = replicas_per_agent[name]
             if not _is_int(count) or count < 0:
                 raise ValueError(f"replica_offsets: replica count of {name!r} must be an int >= 0, got {count!r}")
@@ -662,7 +671,8 @@ def load_multi_agent(config: Any) -> MultiAgentConfig:
             raise ValueError(f"{_A}.{name}.actor_rollout_ref must be a mapping of overrides, got {raw!r}")
         overrides[name] = dict(raw)
     # overrides are attached after conversion: OmegaConf would resolve their interpolations out of context
-    bare = {**section, "agents": {n: {k: v for k, v in e.items() if k != "actor_rollout_ref"} for n, e in agents.items()}}
+    bare = {**section,
+            "agents": {n: {k: v for k, v in e.items() if k != "actor_rollout_ref"} for n, e in agents.items()}}
     try:
         ma = omega_conf_to_dataclass(OmegaConf.create(bare), MultiAgentConfig)
     except OmegaConfBaseException as err:

@@ -83,7 +83,8 @@ class _CoopTask:
                 out = self.with_peer(out, self.self_role if peer == agent else peer, text)
             if turn.feedback:
                 last = out[-1]
-                out = out[:-1] + [{**last, "content": last["content"] + f"\n\nFeedback: {turn.feedback}\nImprove your part."}]
+                out = out[:-1] + [{**last,
+                                   "content": last["content"] + f"\n\nFeedback: {turn.feedback}\nImprove your part."}]
         return out
 
 
@@ -167,7 +168,8 @@ class WritingTask(_CoopTask):
 
         s = score_writing(outputs["summary"], outputs["details"], article=self.articles[str(item)])
         feedback = (
-            f"structure {s.structure:.2f}, style {s.style:.2f}, coherence {s.coherence:.2f}, relevance {s.relevance:.2f}"
+            f"structure {s.structure:.2f}, style {s.style:.2f}, coherence {s.coherence:.2f}, "
+            f"relevance {s.relevance:.2f}"
         )
         info = {"structure": s.structure, "style": s.style, "coherence": s.coherence, "relevance": s.relevance}
         return CoopReward(float(s.reward), info, feedback)
@@ -207,18 +209,21 @@ def write_code_dataset(directory: str | Path, n_train: int = 132, n_val: int = 3
     random.Random(seed).shuffle(problems)
     parts = {"train": problems[:n_train], "val": problems[n_train : n_train + n_val]}
     return write_splits(
-        directory, lambda split, n: [_row(CODE_SOURCE, split, i, p.task_id, p.prompt) for i, p in enumerate(parts[split][:n])],
+        directory,
+        lambda split, n: [_row(CODE_SOURCE, split, i, p.task_id, p.prompt) for i, p in enumerate(parts[split][:n])],
         n_train, n_val,
     )
 
 
-def write_writing_dataset(directory: str | Path, n_train: int = 256, n_val: int = 32, seed: int = 0) -> tuple[Path, Path]:
+def write_writing_dataset(directory: str | Path, n_train: int = 256, n_val: int = 32,
+                          seed: int = 0) -> tuple[Path, Path]:
     """Wikipedia articles for the writing task (``coop_writing.writing_splits``)."""
     from mgrpo_verl.envs.coop_writing import writing_splits
 
     train, val = writing_splits(seed, n_train, n_val)
     parts = {"train": train, "val": val}
     return write_splits(
-        directory, lambda split, n: [_row(WRITING_SOURCE, split, i, a.title, a.title) for i, a in enumerate(parts[split][:n])],
+        directory,
+        lambda split, n: [_row(WRITING_SOURCE, split, i, a.title, a.title) for i, a in enumerate(parts[split][:n])],
         n_train, n_val,
     )

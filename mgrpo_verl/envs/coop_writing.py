@@ -570,8 +570,9 @@ def score_article_split(article: WikiArticle) -> WritingScore:
 
 
 __all__ = [
-    "AGENTS", "SELF_ROLE", "SHIPPED_ARTICLES", "STOPWORDS", "TRANSITIONS", "TRANSITION_MARKERS", "WikiArticle", "WritingScore",
-    "agent_messages", "article_vocabulary", "content_vocabulary", "jaccard", "length_ratio_score", "load_wiki_summaries",
-    "reference_overlap", "score_article_split", "score_writing", "single_messages", "split_single_response",
-    "topical_relevance", "transitions_in", "unique_ratio_score", "wiki_json_path", "with_peer", "words", "writing_splits",
+    "AGENTS", "SELF_ROLE", "SHIPPED_ARTICLES", "STOPWORDS", "TRANSITIONS", "TRANSITION_MARKERS", "WikiArticle",
+    "WritingScore", "agent_messages", "article_vocabulary", "content_vocabulary", "jaccard", "length_ratio_score",
+    "load_wiki_summaries", "reference_overlap", "score_article_split", "score_writing", "single_messages",
+    "split_single_response", "topical_relevance", "transitions_in", "unique_ratio_score", "wiki_json_path",
+    "with_peer", "words", "writing_splits",
 ]

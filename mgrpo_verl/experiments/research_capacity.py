@@ -60,7 +60,8 @@ def examples(n_train: int, n_val: int, seed: int, evidence: str = "page") -> dic
         for q in questions.build_questions(articles, n, seed=seed, kinds=["description"], split=split):
             messages = _messages(q, evidence)
             answer = q.answers[0]
-            rows.append({"messages": messages, "answers": list(q.answers), "target": f"{prompts.ANSWER_PREFIX} {answer}",
+            rows.append({"messages": messages, "answers": list(q.answers),
+                         "target": f"{prompts.ANSWER_PREFIX} {answer}",
                          "answer_in_prompt": answer in messages[-1]["content"]})  # fmt: skip
         out[split] = rows
     return out
@@ -177,7 +178,8 @@ def report(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=[TINY_SHAPE], help="LAYERSxHIDDEN, e.g. 2x64 (the built-in tiny) 4x128")
+    ap.add_argument("--shapes", nargs="+", default=[TINY_SHAPE],
+                    help="LAYERSxHIDDEN, e.g. 2x64 (the built-in tiny) 4x128")
     ap.add_argument("--seconds", type=float, default=300.0, help="training time per shape (evaluation excluded)")
     ap.add_argument("--steps", type=int, default=10**9, help="at most this many updates per shape")
     ap.add_argument("--n-train", type=int, default=2000)
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
                "median_prompt_tokens": prompt_lens[len(prompt_lens) // 2],
                "median_target_tokens": target_lens[len(target_lens) // 2]}  # fmt: skip
     print(f"research capacity probe: {json.dumps(setting)}")
-    shapes = [run_shape(s, tok, data, args.seconds, args.steps, args.eval_every, args.batch, args.lr, args.seed) for s in args.shapes]
+    shapes = [run_shape(s, tok, data, args.seconds, args.steps, args.eval_every, args.batch, args.lr, args.seed)
+              for s in args.shapes]
     results = {"setting": setting, "shapes": shapes}
     print(report(results))
     if args.out:

@@ -13,7 +13,8 @@ systems to compare, joint M-GRPO and its baselines: ``recipes/research_baselines
 
 ``run`` evaluates each system with the real trainer: ``python -m mgrpo_verl.main_ppo research=<preset>``
 (``--preset cpu``, the default, or ``gpu``: ``mgrpo_verl/config/research/``) with ``trainer.val_only=true``,
-the system's checkpoint (``trainer.resume_mode=resume_path``; ``untrained`` for the initial models), its variant's overrides (``joint``, ``frozen``,
+the system's checkpoint (``trainer.resume_mode=resume_path``; ``untrained`` for the initial models), its variant's
+overrides (``joint``, ``frozen``,
 ``single``: :data:`mgrpo_verl.experiments.baselines.VARIANTS`; the name before ``=`` picks the variant
 when it is one of those, ``NAME:VARIANT=PATH`` otherwise) and every benchmark as ``data.val_files``.
 verl's validation runs the same multi-agent rollout as training (per-agent servers, tools, delegation)
@@ -126,7 +127,8 @@ def run_all(out: Path, systems: Sequence[System], benchmarks: Sequence[Optional[
             print(f"[{i}/{len(systems)}] {system.name}: evaluated already, skipped", flush=True)
             continue
         directory.mkdir(parents=True, exist_ok=True)
-        print(f"[{i}/{len(systems)}] {system.name} ({system.variant}, {system.checkpoint or 'untrained'}) ...", flush=True)
+        print(f"[{i}/{len(systems)}] {system.name} ({system.variant}, {system.checkpoint or 'untrained'}) ...",
+              flush=True)
         seconds = run_logged(eval_command(system, val_files, directory, preset, extra), directory / LOG, system.name)
         (directory / DONE).write_text(f"{seconds:.0f}\n")
         print(f"[{i}/{len(systems)}] {system.name}: {seconds:.0f} s", flush=True)
@@ -174,7 +176,8 @@ def read_queries(dump_dir: Path) -> list[dict[str, Any]]:
     from mgrpo_verl.agent_loops.common import QueryStats
 
     # the dump of the latest step (verl names each by its step: 2.jsonl sorts after 10.jsonl by name)
-    files = sorted(dump_dir.glob("*.jsonl"), key=lambda p: (p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
+    files = sorted(dump_dir.glob("*.jsonl"),
+                   key=lambda p: (p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
     if not files:
         raise FileNotFoundError(f"no validation dump (*.jsonl) in {dump_dir}")
     queries: dict[str, dict[str, Any]] = {}

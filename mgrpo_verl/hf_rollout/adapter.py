@@ -192,8 +192,9 @@ class HFServerAdapter(BaseRollout):
         report = await server.update_adapter.remote(self.adapter_name(), dict(peft_config), named, global_steps)
         logger.info(
             "HF rollout replica %d: adapter %r, %d tensors (%.2f MB) synced in %.3fs, weight_version=%s%s",
-            self.replica_rank, report["adapter"], report["loaded"], report["bytes"] / 2**20, time.perf_counter() - start,
-            report.get("weight_version"), f", global_steps={report.get('global_steps')}, base_fingerprint={report['base_fingerprint']}, "
+            self.replica_rank, report["adapter"], report["loaded"], report["bytes"] / 2**20,
+            time.perf_counter() - start, report.get("weight_version"),
+            f", global_steps={report.get('global_steps')}, base_fingerprint={report['base_fingerprint']}, "
             f"adapter_fingerprint={report['adapter_fingerprint']}" if "base_fingerprint" in report else "",
         )
 

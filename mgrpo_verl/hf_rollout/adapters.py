@@ -106,7 +106,8 @@ class AdapterSet:
     def names(self) -> tuple[str, ...]:
         return tuple(self.signatures)
 
-    def load(self, name: str, peft_config: Mapping[str, Any], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict:
+    def load(self, name: str, peft_config: Mapping[str, Any],
+             named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict:
         """Add adapter ``name`` (first time) and copy its tensors in; returns ``{"loaded": n, "bytes": b}``.
 
         Names are those of ``peft.get_peft_model_state_dict`` (what verl's engine yields with
@@ -122,7 +123,8 @@ class AdapterSet:
         signature = lora_signature(peft_config)
         if name in self.signatures:
             if self.signatures[name] != signature:
-                changed = {k: (self.signatures[name][k], v) for k, v in signature.items() if self.signatures[name][k] != v}
+                changed = {k: (self.signatures[name][k], v) for k, v in signature.items()
+                           if self.signatures[name][k] != v}
                 raise ValueError(f"adapter {name!r} was loaded with another LoRA config; changed (old, new): {changed}")
         else:
             config = lora_config(peft_config)
@@ -143,10 +145,12 @@ class AdapterSet:
         result = set_peft_model_state_dict(self.model, state, adapter_name=name)
         unexpected = [k for k in result.unexpected_keys if "lora_" in k]
         if unexpected:
-            raise ValueError(f"adapter {name!r}: {len(unexpected)} tensor(s) match no LoRA parameter, e.g. {unexpected[:3]}")
+            raise ValueError(f"adapter {name!r}: {len(unexpected)} tensor(s) match no LoRA parameter, "
+                             f"e.g. {unexpected[:3]}")
         missing = sorted(k for k in result.missing_keys if k in expected)
         if missing:
-            raise ValueError(f"adapter {name!r}: {len(missing)} LoRA parameter(s) received no tensor, e.g. {missing[:3]}")
+            raise ValueError(f"adapter {name!r}: {len(missing)} LoRA parameter(s) received no tensor, "
+                             f"e.g. {missing[:3]}")
         nbytes = sum(t.numel() * t.element_size() for t in state.values())
         return {"loaded": len(state), "bytes": nbytes}
 

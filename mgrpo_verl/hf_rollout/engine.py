@@ -166,7 +166,8 @@ class HFGenerationEngine:
         if self.adapters.names:
             raise ValueError(
                 f"this engine serves LoRA adapters {list(self.adapters.names)} on a base model shared by them; a full "
-                f"weight update would change every adapter's base: sync adapters only (actor_rollout_ref.model.lora.merge=false)"
+                f"weight update would change every adapter's base: sync adapters only "
+                f"(actor_rollout_ref.model.lora.merge=false)"
             )
         named = self._named_tensors()
         loaded, unknown, nbytes = [], [], 0
@@ -233,7 +234,8 @@ class HFGenerationEngine:
             position_ids = position_ids.to(self.device)
 
         want_prompt_lp = any(r.params.prompt_logprobs is not None for r in requests)
-        unknown = sorted({r.adapter for r in requests if r.adapter is not None and r.adapter not in self.adapters.names})
+        unknown = sorted({r.adapter for r in requests
+                          if r.adapter is not None and r.adapter not in self.adapters.names})
         if unknown:
             raise ValueError(f"unknown LoRA adapter(s) {unknown}; loaded: {list(self.adapters.names)}")
         # once adapters exist, peft's LoRA layers sit inside the base model's modules: every forward names each

@@ -639,7 +639,8 @@ class HFRolloutServer:
             await self.begin_weight_update()
             try:
                 loop = asyncio.get_running_loop()
-                report = await loop.run_in_executor(self._executor, engine.load_adapter, name, peft_config, named_tensors)
+                report = await loop.run_in_executor(self._executor, engine.load_adapter, name, peft_config,
+                                                    named_tensors)
             finally:
                 self.weight_version += 1
                 if global_steps is not None:

@@ -96,7 +96,8 @@ def _import_module(module: str, key: str, where: str):
     except ModuleNotFoundError as err:
         if err.name and (module == err.name or module.startswith(err.name + ".")):
             raise ValueError(
-                f"{key}: {where}: no module named {err.name!r} on the Python path (launch directory {os.getcwd()}): put "
+                f"{key}: {where}: no module named {err.name!r} on the Python path "
+                f"(launch directory {os.getcwd()}): put "
                 f"the folder that holds it on PYTHONPATH, or install it; Ray's workers import it the same way"
             ) from None
         raise ValueError(f"{key}: {where}: importing module {module!r} failed: {type(err).__name__}: {err}") from err
@@ -198,7 +199,8 @@ def check_agent_loops(key: str, value: str) -> list[type]:
     path = _config_file(key, value)
     entries = _load_yaml(key, path)
     if not isinstance(entries, ListConfig):
-        raise ValueError(f"{key}={path}: an agent loop config is a list of {{name, _target_}}, got {type(entries).__name__}")
+        raise ValueError(f"{key}={path}: an agent loop config is a list of {{name, _target_}}, "
+                         f"got {type(entries).__name__}")
     classes = []
     for i, entry in enumerate(entries):
         target = entry.get("_target_") if isinstance(entry, DictConfig) else None

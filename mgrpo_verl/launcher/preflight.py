@@ -117,7 +117,8 @@ def check_rollout_engines(plan: RunPlan) -> None:
     engine only when a Ray worker imports it, minutes later and in a worker's log."""
     leaf = "actor_rollout_ref.rollout.name"
     named = [(leaf, OmegaConf.select(plan.config, leaf, default=None))]
-    named += [(plan.source_key(agent, leaf), OmegaConf.select(cfg, leaf, default=None)) for agent, cfg in plan.agent_configs.items()]
+    named += [(plan.source_key(agent, leaf), OmegaConf.select(cfg, leaf, default=None))
+              for agent, cfg in plan.agent_configs.items()]
     for key, name in named:
         if name in ENGINE_PACKAGES:
             module, extra = ENGINE_PACKAGES[name]
@@ -164,9 +165,10 @@ def check_vllm_on_cpu(plan: RunPlan, pending_models: Optional[Mapping[str, str]]
         model = json.loads(config_file.read_text())
         head = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
         if head not in VLLM_CPU_HEAD_SIZES:
-            raise ValueError(f"{plan.source_key(agent, 'actor_rollout_ref.model.path')}={path}: attention heads of {head} "
-                             f"dimensions, which vLLM's CPU attention does not serve (it serves "
-                             f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); the built-in tiny_h32 / tiny_h32_sub models "
+            raise ValueError(f"{plan.source_key(agent, 'actor_rollout_ref.model.path')}={path}: attention heads of "
+                             f"{head} dimensions, which vLLM's CPU attention does not serve (it serves "
+                             f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); the built-in tiny_h32 / tiny_h32_sub "
+                             f"models "
                              f"are tiny with heads of 32 (+preset=vllm_cpu uses them)")
 
 
@@ -255,7 +257,8 @@ def check_model_paths(plan: RunPlan, pending: Collection[str] = ()) -> None:
 def check_finished_run(plan: RunPlan) -> None:
     """The checkpoint the trainer would resume from, found with the trainer's own rule before Ray starts (multi-agent:
     :func:`mgrpo_verl.trainer.checkpoints.resume_folder`, complete folders only; one model: verl's
-    ``find_latest_ckpt_path``: the folder the tracker names), and refused when its step is already ``trainer.total_training_steps`` or more: verl's
+    ``find_latest_ckpt_path``: the folder the tracker names), and refused when its step is already
+    ``trainer.total_training_steps`` or more: verl's
     loop would then end at once (``0 steps``, reward ``nan -> nan``, exit 0, no reason given). Also raises, as a
     ``ValueError``, what the trainer's rule raises inside Ray (folders with no complete checkpoint, a bad
     ``resume_from_path``). Nothing is checked with ``resume_mode=disable``; the step bound only when

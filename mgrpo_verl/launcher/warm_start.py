@@ -59,7 +59,8 @@ def _pending(plan: RunPlan) -> Optional[tuple[build.WarmStartSpec, Optional[str]
     target = build.target_dir(spec, root)
     paths = [OmegaConf.select(c, "actor_rollout_ref.model.path", default=None)
              for c in (plan.config, *plan.agent_configs.values())]  # the top-level model and each owner's
-    if build.cached(spec, root) is not None or not any(p is not None and Path(str(p)).is_relative_to(target) for p in paths):
+    if build.cached(spec, root) is not None or not any(p is not None and Path(str(p)).is_relative_to(target)
+                                                       for p in paths):
         return None
     return spec, root, target
 

@@ -91,8 +91,9 @@ def build_real_size(preset: str, seed: int = 0, tokenizer_dir: str | None = None
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; presets are {sorted(PRESETS)}")
     tokenizer_dir = tokenizer_dir or smollm2_tokenizer_dir()
-    key = content_key({"v": BUILDER_VERSION, "kind": "real-size", "preset": preset, "shapes": {**COMMON, **PRESETS[preset]},
-                "seed": int(seed), "tokenizer": Path(tokenizer_dir).name})
+    key = content_key({"v": BUILDER_VERSION, "kind": "real-size", "preset": preset,
+                       "shapes": {**COMMON, **PRESETS[preset]}, "seed": int(seed),
+                       "tokenizer": Path(tokenizer_dir).name})
     target = cache_root() / "models" / f"{preset}-random-{key}"
     build_once(target, lambda tmp: _build(tmp, preset, tokenizer_dir, int(seed)))
     return TinyModelPaths(model_dir=str(target), tokenizer_dir=tokenizer_dir)

@@ -8,7 +8,8 @@ Why each setting (measured with Ray 2.60 on a 2-core machine, docs/cpu.md):
   the CPU platform names ``GPU`` (:class:`mgrpo_verl.platform.cpu.CpuPlatform`); give one per training
   worker (``trainer.n_gpus_per_node``).
 - ``RAY_TMPDIR`` / ``_temp_dir``: a private temporary directory (removed on exit) instead of
-  Ray's default under the system temp dir; the path is kept short because Ray's Unix socket paths must stay under 108 bytes.
+  Ray's default under the system temp dir; the path is kept short because Ray's Unix socket paths must stay
+  under 108 bytes.
 - closed to the network (docs/security.md "Network exposure"): ``RAY_AUTH_MODE=token`` with the token in
   the private temporary directory (``RAY_AUTH_TOKEN_PATH``, file 0600, 256 random bits; Ray's default
   would write it under ``~/.ray``), so that a process without it cannot join the cluster and run tasks;

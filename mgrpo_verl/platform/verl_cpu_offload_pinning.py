@@ -74,7 +74,8 @@ def apply(module: ModuleType | None = None, strict: bool = False) -> bool:
         return refuse(f"{PATCH_ID}: written for verl=={VERL_VERSION}, found verl=={version}; not applied", strict)
     module = module or importlib.import_module(TARGET_MODULE)
     if upstream_drift(module) is not None:
-        return refuse(f"{PATCH_ID}: {TARGET_MODULE}.{TARGET_METHOD} differs from verl {VERL_VERSION}; not applied", strict)
+        return refuse(f"{PATCH_ID}: {TARGET_MODULE}.{TARGET_METHOD} differs from verl {VERL_VERSION}; not applied",
+                      strict)
     _original["CPUOffloadPolicy"] = module.CPUOffloadPolicy
     module.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
     logger.debug("%s applied", PATCH_ID)

@@ -94,7 +94,8 @@ def apply(strict: bool = False) -> bool:
     _original["method"] = original
     UnquantizedLinearMethod.process_weights_after_loading = process_weights_after_loading
     # printed: vLLM's processes do not show our loggers' lines, and verl may turn vLLM's own INFO lines off
-    print(f"mgrpo_verl: {PATCH_ID} applied (pid {os.getpid()}): vLLM's CPU linear layers keep their weights, reloadable",
+    print(f"mgrpo_verl: {PATCH_ID} applied (pid {os.getpid()}): vLLM's CPU linear layers keep their weights, "
+          "reloadable",
           file=sys.stderr, flush=True)
     return True
 

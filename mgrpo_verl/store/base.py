@@ -141,7 +141,8 @@ class TrajectoryStat:
         except (TypeError, ValueError) as err:
             raise ValueError(f"TrajectoryStat: extra must be JSON-serialisable with finite numbers: {err}") from None
         if len(text.encode()) > MAX_EXTRA_BYTES:
-            raise ValueError(f"TrajectoryStat: extra is {len(text.encode())} bytes as JSON, the limit is {MAX_EXTRA_BYTES}")
+            raise ValueError(f"TrajectoryStat: extra is {len(text.encode())} bytes as JSON, "
+                             f"the limit is {MAX_EXTRA_BYTES}")
         object.__setattr__(self, "extra", json.loads(text))
 
     @property
@@ -176,8 +177,8 @@ class TrajectoryStat:
     @classmethod
     def _from_stored_json(cls, text: str | bytes) -> "TrajectoryStat":
         """The record of a text the store wrote itself (validated when it was put): skips the
-        validation (3.2 instead of 6.0 ms per 1,000 records on the 2-core machine). Falls back to :meth:`from_json` for a text that
-        does not carry exactly the record's fields."""
+        validation (3.2 instead of 6.0 ms per 1,000 records on the 2-core machine). Falls back to :meth:`from_json`
+        for a text that does not carry exactly the record's fields."""
         data = json.loads(text)
         if data.keys() != _FIELD_NAMES or type(data["score"]) is not float:
             return cls(**data)

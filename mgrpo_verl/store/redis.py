@@ -173,7 +173,8 @@ def _import_redis():
         import redis
     except ImportError:
         raise ImportError(
-            "the Redis statistics store needs the `redis` package: pip install 'mgrpo_verl[redis]' (or pip install redis)"
+            "the Redis statistics store needs the `redis` package: pip install 'mgrpo_verl[redis]' "
+            "(or pip install redis)"
         ) from None
     return redis
 

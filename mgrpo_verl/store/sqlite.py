@@ -84,7 +84,8 @@ class SQLiteStatStore(StatStore):
             raise ValueError(f"SQLiteStatStore: busy_timeout_ms must be an int >= 0, got {busy_timeout_ms!r}")
         path = os.fspath(path)
         if not path or path == ":memory:" or path.startswith("file:"):
-            raise ValueError(f"SQLiteStatStore: a file path is required (the store is shared between processes), got {path!r}")
+            raise ValueError(f"SQLiteStatStore: a file path is required (the store is shared between processes), "
+                             f"got {path!r}")
         self.path = os.path.abspath(path)
         self.synchronous = synchronous
         self.url = f"sqlite://{self.path}"  # the path is absolute: sqlite:///abs/path.db
@@ -139,7 +140,8 @@ class SQLiteStatStore(StatStore):
             try:
                 kwargs["busy_timeout_ms"] = int(params["busy_timeout_ms"])
             except ValueError:
-                raise ValueError(f"open_store: busy_timeout_ms must be an int, got {params['busy_timeout_ms']!r}") from None
+                raise ValueError(f"open_store: busy_timeout_ms must be an int, "
+                                 f"got {params['busy_timeout_ms']!r}") from None
         return cls(path, **kwargs)
 
     # ------------------------------------------------------------------------------- plumbing
@@ -185,7 +187,8 @@ class SQLiteStatStore(StatStore):
             return 0
         texts = {s.traj_id: s.to_json() for s in batch}
         with self._write() as cur:
-            existing = cur.execute(f"SELECT traj_id, record FROM stats WHERE traj_id IN {_IDS}", (json.dumps(list(texts)),))
+            existing = cur.execute(f"SELECT traj_id, record FROM stats WHERE traj_id IN {_IDS}",
+                                   (json.dumps(list(texts)),))
             conflicts = [
                 tid for tid, text in existing
                 if text != texts[tid] and TrajectoryStat._from_stored_json(text) != TrajectoryStat.from_json(texts[tid])
@@ -245,7 +248,8 @@ class SQLiteStatStore(StatStore):
         if not ids:
             self._check_usable()
             return set()
-        rows = self._read(f"SELECT traj_id FROM consumed WHERE consumer = ? AND traj_id IN {_IDS}", (consumer, json.dumps(ids)))
+        rows = self._read(f"SELECT traj_id FROM consumed WHERE consumer = ? AND traj_id IN {_IDS}",
+                          (consumer, json.dumps(ids)))
         return {r[0] for r in rows}
 
     def release_consumed(self, consumer: str, after_step: int) -> int:

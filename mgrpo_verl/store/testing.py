@@ -24,7 +24,8 @@ REDIS_INSTALL_HINT = "install it with `apt-get install -y redis-server` (Debian/
 # ------------------------------------------------------------------------------- synthetic records
 def numbered_stats(start: int, stop: int, prefix: str = "t") -> list[TrajectoryStat]:
     """Main records ``{prefix}{i}`` for ``start <= i < stop`` (uid ``u{i // 8}``), deterministic."""
-    return [TrajectoryStat(f"{prefix}{i}", f"u{i // 8}", "main", "", (i % 7) / 7.0, i % 3 != 0, i // 1000, 1) for i in range(start, stop)]
+    return [TrajectoryStat(f"{prefix}{i}", f"u{i // 8}", "main", "", (i % 7) / 7.0, i % 3 != 0, i // 1000, 1)
+            for i in range(start, stop)]
 
 
 # -------------------------------------------------------------------------------- process targets

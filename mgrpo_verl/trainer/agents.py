@@ -149,7 +149,8 @@ def side_replica_offsets(ma: "MultiAgentConfig", local_replicas: Mapping[str, in
     only; with both sides on one host, two replicas 0 would share a socket. Both sides
     read the same ``multi_agent.agents``, so their ranges are disjoint.
     """
-    counts = {s.name: local_replicas[s.name] if s.name in local_replicas else s.n_gpus_per_node for s in ma.model_owners}
+    counts = {s.name: local_replicas[s.name] if s.name in local_replicas else s.n_gpus_per_node
+              for s in ma.model_owners}
     return ma.replica_offsets(counts)
 
 
@@ -157,7 +158,8 @@ class AgentLLMServerManager(LLMServerManager):
     """verl's server manager for one agent's replicas, numbered from ``start_rank``, its vLLM servers loading
     the agent's tokenizer (:func:`with_agent_vllm_tokenizer`)."""
 
-    def __init__(self, config: DictConfig, worker_group=None, rollout_resource_pool=None, start_rank: int = 0, **kwargs):
+    def __init__(self, config: DictConfig, worker_group=None, rollout_resource_pool=None, start_rank: int = 0,
+                 **kwargs):
         config = with_agent_vllm_tokenizer(config)
         rollout = config.actor_rollout_ref.rollout
         if start_rank and rollout.name == "trtllm":

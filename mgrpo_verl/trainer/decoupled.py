@@ -122,7 +122,8 @@ class DecoupledMainTrainer(MultiAgentTrainer):
         """Publish one record per main trajectory before training, so that the sub sides can start."""
         main = np.flatnonzero(table.is_main & (table.agent == self.multi_agent.main))
         keys = [table.keys[i] for i in main]
-        extra = as_list(tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])["extra_fields"])
+        extra = as_list(tq.kv_batch_get(keys=keys, partition_id=batch.partition_id,
+                                        select_fields=["extra_fields"])["extra_fields"])
         records = []
         for i, fields in zip(main, extra):
             meta = RowMeta.read(fields, table.keys[i])
@@ -300,7 +301,8 @@ class DecoupledSubTrainer(MultiAgentTrainer):
                         ready.append(r)
                 if dropped and d.missing_policy == "error" and (counts["missing_parent"] or counts["stale_parent"]):
                     raise ValueError(
-                        f"decoupled sub side: rows {[r.traj_id for r in dropped[:5]]} have no usable parent in the store "
+                        f"decoupled sub side: rows {[r.traj_id for r in dropped[:5]]} have no usable parent in the "
+                        f"store "
                         f"(missing after {d.wait_timeout_s:g}s or older than max_policy_lag={d.max_policy_lag}) and "
                         f"multi_agent.decoupled.missing_policy is 'error'"
                     )

@@ -55,8 +55,9 @@ class MemoryLayoutError(ValueError):
 
 
 #: the linear layers of a Llama / Qwen-style decoder layer: name -> (in, out) as functions of (h, q, k, inter)
-_LINEAR = {"q_proj": lambda h, q, k, i: (h, q), "k_proj": lambda h, q, k, i: (h, k), "v_proj": lambda h, q, k, i: (h, k),
-           "o_proj": lambda h, q, k, i: (q, h), "gate_proj": lambda h, q, k, i: (h, i), "up_proj": lambda h, q, k, i: (h, i),
+_LINEAR = {"q_proj": lambda h, q, k, i: (h, q), "k_proj": lambda h, q, k, i: (h, k),
+           "v_proj": lambda h, q, k, i: (h, k), "o_proj": lambda h, q, k, i: (q, h),
+           "gate_proj": lambda h, q, k, i: (h, i), "up_proj": lambda h, q, k, i: (h, i),
            "down_proj": lambda h, q, k, i: (i, h)}
 
 
@@ -83,7 +84,8 @@ def count_parameters(hf: Mapping[str, Any]) -> int:
     heads.
     """
     try:
-        h, layers, inter, vocab = (int(hf[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+        h, layers, inter, vocab = (int(hf[k])
+                                   for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
     except KeyError as err:
         raise ValueError(f"config.json lacks {err.args[0]!r}: cannot count the model's parameters") from None
     heads = int(hf.get("num_attention_heads") or 1)
@@ -169,7 +171,8 @@ def _bytes(dtype: Any, default: str) -> int:
 
 
 
-def _tokens(config: DictConfig, section: str, micro_key: str, dynamic_key: str, budget_key: str, seq: int) -> tuple[int, str]:
+def _tokens(config: DictConfig, section: str, micro_key: str, dynamic_key: str, budget_key: str,
+            seq: int) -> tuple[int, str]:
     if setting(config, f"{section}.{dynamic_key}", False):
         budget = int(setting(config, f"{section}.{budget_key}", seq))
         return max(budget, seq), f"{section}.{budget_key}={budget} tokens (dynamic batch size)"
@@ -193,7 +196,8 @@ def agent_figures(
     hidden, layers, vocab = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["vocab_size"])
     world = int(setting(config, "trainer.n_gpus_per_node", 1))
     actor = params * _bytes(setting(config, f"{arr}.actor.fsdp_config.model_dtype"), "fp32") / world / GB
-    ref = params * _bytes(setting(config, f"{arr}.ref.fsdp_config.model_dtype"), "fp32") / world / GB if use_reference else 0.0
+    ref = (params * _bytes(setting(config, f"{arr}.ref.fsdp_config.model_dtype"), "fp32") / world / GB
+           if use_reference else 0.0)
     rollout_name = setting(config, f"{arr}.rollout.name", "vllm")
     notes = []
     if rollout_name in ENGINES_WITH_MEMORY_FRACTION:
@@ -210,7 +214,8 @@ def agent_figures(
     chunked = bool(setting(config, f"{arr}.actor.entropy_from_logits_with_chunking",
                         setting(config, f"{arr}.actor.fsdp_config.entropy_from_logits_with_chunking", False)))
     lp_copies = copies if chunked else 3
-    up_entropy = bool(setting(config, f"{arr}.actor.calculate_entropy", False)) or float(setting(config, f"{arr}.actor.entropy_coeff", 0.0)) != 0.0
+    up_entropy = (bool(setting(config, f"{arr}.actor.calculate_entropy", False))
+                  or float(setting(config, f"{arr}.actor.entropy_coeff", 0.0)) != 0.0)
     up_copies = (copies if chunked or not up_entropy else 3) + 1
     seq = int(setting(config, f"{arr}.rollout.prompt_length", setting(config, "data.max_prompt_length", 0))) + int(
         setting(config, f"{arr}.rollout.response_length", setting(config, "data.max_response_length", 0))
@@ -219,33 +224,37 @@ def agent_figures(
     def logits(tokens: int, factor: int) -> float:
         return tokens * vocab * logit_bytes * factor / GB
 
-    lp_tokens, lp_how = _tokens(config, f"{arr}.rollout", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
-                                "log_prob_max_token_len_per_gpu", seq)
+    lp_tokens, lp_how = _tokens(config, f"{arr}.rollout", "log_prob_micro_batch_size_per_gpu",
+                                "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", seq)
     ref_tokens, _ = _tokens(config, f"{arr}.ref", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
                             "log_prob_max_token_len_per_gpu", seq)
     up_tokens, up_how = _tokens(config, f"{arr}.actor", "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz",
                                 "ppo_max_token_len_per_gpu", seq)
     padding = f"use_remove_padding={str(rmpad).lower()}"
     notes.append(
-        f"log-prob logits {logits(lp_tokens, lp_copies):.2f} GB = {lp_how} x vocab {vocab} x {logit_bytes} B x {lp_copies} "
+        f"log-prob logits {logits(lp_tokens, lp_copies):.2f} GB = {lp_how} x vocab {vocab} x {logit_bytes} B "
+        f"x {lp_copies} "
         f"copies ({padding}, entropy {'chunked' if chunked else 'unchunked'})"
     )
     checkpointing = bool(setting(config, f"{arr}.model.enable_gradient_checkpointing", False))
     if checkpointing:
-        act = (CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN_LAYER * layers + ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER) * up_tokens * hidden / GB
+        act = ((CHECKPOINTED_BYTES_PER_TOKEN_HIDDEN_LAYER * layers + ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER)
+               * up_tokens * hidden / GB)
     else:
         act = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_LAYER * layers * up_tokens * hidden / GB
     trained = params  # what gradients and optimizer moments are kept for
     lora_rank = int(setting(config, f"{arr}.model.lora_rank", 0) or 0)
     if lora_rank > 0:
         targets = setting(config, f"{arr}.model.target_modules", "all-linear")
-        trained = count_lora_parameters(hf, lora_rank, OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets)
+        trained = count_lora_parameters(hf, lora_rank,
+                                        OmegaConf.to_container(targets) if OmegaConf.is_config(targets) else targets)
         notes.append(f"LoRA rank {lora_rank}: gradients and AdamW states of {trained:,} adapter parameters only; "
                      f"the reference is the actor with its adapter off (no copy)")
         ref = 0.0
     if trainable:
         notes.append(
-            f"update logits {logits(up_tokens, up_copies):.2f} GB = {up_how} x vocab {vocab} x {logit_bytes} B x {up_copies} "
+            f"update logits {logits(up_tokens, up_copies):.2f} GB = {up_how} x vocab {vocab} x {logit_bytes} B "
+            f"x {up_copies} "
             f"copies ({padding}, gradient included); activations {act:.2f} GB (gradient checkpointing "
             f"{'on' if checkpointing else 'off'})"
         )
@@ -310,9 +319,11 @@ def group_phases(group: str, agents: list[AgentFigures]) -> list[Phase]:
         if not a.trainable:
             continue
         if a.param_offload:
-            phases.append(Phase(group, f"weight sync {a.name}", tuple(rollout + [(f"{a.name}: actor params", a.actor), overhead])))
+            phases.append(Phase(group, f"weight sync {a.name}",
+                                tuple(rollout + [(f"{a.name}: actor params", a.actor), overhead])))
         others = [p for b in agents if b is not a for p in resident(b)]
-        others += [(f"{b.name}: rollout engine (frozen, awake)", b.engine) for b in agents if b is not a and not b.trainable]
+        others += [(f"{b.name}: rollout engine (frozen, awake)", b.engine)
+                   for b in agents if b is not a and not b.trainable]
         params = [(f"{a.name}: actor params", a.actor)]
         optimizer = [(f"{a.name}: AdamW states", a.optimizer)] if a.optimizer else []
         kept_opt = [] if a.optimizer_offload else optimizer
@@ -358,7 +369,8 @@ class MemoryEstimate:
             role = "trainable" if a.trainable else "frozen"
             lines.append(
                 f"  {a.name} ({role}, {a.params / 1e9:.2f} B params, FSDP over {a.gpus} GPU(s)): actor params "
-                f"{a.actor:.2f} GB, gradients {a.grads:.2f} GB, AdamW {a.optimizer:.2f} GB, reference {a.reference:.2f} GB, "
+                f"{a.actor:.2f} GB, gradients {a.grads:.2f} GB, AdamW {a.optimizer:.2f} GB, "
+                f"reference {a.reference:.2f} GB, "
                 f"rollout engine {a.engine:.2f} GB, log-prob logits {a.logprob_logits:.2f} GB, update logits "
                 f"{a.update_logits:.2f} GB, activations {a.activations:.2f} GB; offload: params "
                 f"{str(a.param_offload).lower()}, optimizer {str(a.optimizer_offload).lower()}"
@@ -386,11 +398,14 @@ def _hints(est: MemoryEstimate, parts: list[tuple[str, float]]) -> list[str]:
     hints: list[str] = []
     for label, _ in parts:
         agent, _, term = label.partition(": ")
-        where = f"multi_agent.agents.{agent}.actor_rollout_ref" if agent in {a.name for a in est.agents} else "actor_rollout_ref"
+        where = (f"multi_agent.agents.{agent}.actor_rollout_ref" if agent in {a.name for a in est.agents}
+                 else "actor_rollout_ref")
         if term.startswith("log-prob logits") or term.startswith("reference logits"):
-            hint = ("smaller actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu / ref.log_prob_micro_batch_size_per_gpu "
+            hint = ("smaller actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu / "
+                    "ref.log_prob_micro_batch_size_per_gpu "
                     "(or log_prob_use_dynamic_bsz with a smaller log_prob_max_token_len_per_gpu), "
-                    "actor_rollout_ref.model.use_remove_padding=true, actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
+                    "actor_rollout_ref.model.use_remove_padding=true, "
+                    "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")
         elif term.startswith("update logits") or term.startswith("activations"):
             hint = ("smaller actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (or use_dynamic_bsz with a smaller "
                     "ppo_max_token_len_per_gpu), actor_rollout_ref.model.enable_gradient_checkpointing=true, "
@@ -398,7 +413,8 @@ def _hints(est: MemoryEstimate, parts: list[tuple[str, float]]) -> list[str]:
         elif term.startswith("rollout engine"):
             hint = f"lower gpu_memory_utilization ({where}.rollout.gpu_memory_utilization)"
         elif term in ("actor params", "AdamW states", "gradients"):
-            hint = "enable actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload (or more GPUs per agent)"
+            hint = ("enable actor_rollout_ref.actor.fsdp_config.param_offload / optimizer_offload "
+                    "(or more GPUs per agent)")
         elif term == "reference":
             hint = "enable actor_rollout_ref.ref.fsdp_config.param_offload"
         else:
@@ -443,7 +459,8 @@ def estimate_plan(
             path = OmegaConf.select(full, "actor_rollout_ref.model.path")
             found = read_model_config(path)
             if found is None:
-                return None, (f"no local config.json for agent {spec.name!r} ({path}): not a folder with one and not in the "
+                return None, (f"no local config.json for agent {spec.name!r} ({path}): not a folder with one and "
+                              f"not in the "
                               f"Hugging Face cache (the estimate never downloads)")
             hf = found[0]
         use_ref = spec.trainable and need_reference_policy(full)
@@ -489,7 +506,8 @@ def smallest_visible_gpu_gb(nvidia_smi_csv: str, visible: Optional[str]) -> Opti
     return min(sizes.values()) / GB if sizes else None
 
 
-def check_memory(plan: RunPlan, model_configs: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Optional[MemoryEstimate]:
+def check_memory(plan: RunPlan,
+                 model_configs: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Optional[MemoryEstimate]:
     """Estimate the plan's layout and raise :class:`MemoryLayoutError` when it cannot fit; print one summary
     line either way (or why it was skipped). Returns the estimate, ``None`` when skipped (not a multi-agent
     run, no GPU memory known, a model's ``config.json`` not on this machine). ``model_configs`` as in

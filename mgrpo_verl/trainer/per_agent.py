@@ -193,13 +193,15 @@ class MultiAgentTrainer(PPOTrainer):
         configs = {name: copy.deepcopy(cfg) for name, cfg in self.plan.local_configs.items()}
         own = {name: hosts.get(name, name) == name for name in configs}  # guests have no replicas
         # decoupled sides count the other side's owners too, so that their replicas never share a rank
-        offsets = side_replica_offsets(ma, {name: _replica_count(cfg) if own[name] else 0 for name, cfg in configs.items()})
+        offsets = side_replica_offsets(ma, {name: _replica_count(cfg) if own[name] else 0
+                                            for name, cfg in configs.items()})
         runtimes = {}
         for spec in ma.local_owners:
             cfg = configs[spec.name]
             with open_dict(cfg):  # a guest's workers push their adapter to its host's replicas
                 cfg.actor_rollout_ref.rollout.custom[REPLICA_OFFSET_KEY] = offsets[hosts.get(spec.name, spec.name)]
-                if spec.name in self.plan.vllm_adapters:  # the agents on its vLLM engine and their ids (vllm_rollout/lora.py)
+                # the agents on its vLLM engine and their ids (vllm_rollout/lora.py)
+                if spec.name in self.plan.vllm_adapters:
                     cfg.actor_rollout_ref.rollout.custom[VLLM_ADAPTERS_KEY] = self.plan.vllm_adapters[spec.name]
             runtimes[spec.name] = AgentRuntime(
                 name=spec.name,
@@ -228,7 +230,8 @@ class MultiAgentTrainer(PPOTrainer):
             self.mapping[key] = SHARED_POOL if shared else f"agent_{rt.name}"
             spec[self.mapping[key]] = [rt.config.trainer.n_gpus_per_node]
         colocate = max(ResourcePoolManager.max_colocate_count, len(self.agents) if shared else 1)
-        pins = {} if shared else {f"agent_{s.name}": s.node_resource for s in self.multi_agent.local_owners if s.node_resource}
+        pins = {} if shared else {f"agent_{s.name}": s.node_resource
+                                  for s in self.multi_agent.local_owners if s.node_resource}
         # verl's manager plus optional node pins and a per-node fit check (a pool no node can hold would wait forever)
         self.resource_pool_manager = PinnedResourcePoolManager(
             resource_pool_spec=spec, mapping=self.mapping, max_colocate_count=colocate, node_resources=pins
@@ -320,7 +323,8 @@ class MultiAgentTrainer(PPOTrainer):
         """The step's rows from verl's replay buffer, between the sample hooks (as verl's step); adds its
         off-policy metrics."""
         self.on_sample_begin()
-        batch, off_policy = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="train", batch_size=batch_size)
+        batch, off_policy = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="train",
+                                                      batch_size=batch_size)
         metrics.update(off_policy)
         self.on_sample_end()
         return batch
@@ -331,7 +335,8 @@ class MultiAgentTrainer(PPOTrainer):
         ma = self.multi_agent
         table = read_row_table(batch)
         advantage = scalar_advantages(table, ma.algorithm, ma.magrpo if ma.algorithm == "magrpo" else ma.mgrpo)
-        write_row_values(list(batch.keys), batch.partition_id, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
+        write_row_values(list(batch.keys), batch.partition_id,
+                         {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
         return table, advantage
 
     def on_advantages(self, table: RowTable, batch: KVBatchMeta) -> None:
@@ -343,7 +348,8 @@ class MultiAgentTrainer(PPOTrainer):
         ma = self.multi_agent
         alignment = None
         if (~table.is_main).any():
-            alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, ma.d_max, seed=self.global_steps)
+            alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, ma.d_max,
+                                                seed=self.global_steps)
         owner_of = {n: ma.owner_of(n) for n in ma.agents}
         return alignment, plan_update_sets(table, alignment, advantage, owner_of)
 
@@ -407,7 +413,8 @@ class MultiAgentTrainer(PPOTrainer):
         if counter is None:
             counter = self.rowless_steps = RowlessSteps(main=self.multi_agent.main)
         plays = {rt.name: rt.plays for rt in skipped}
-        for warning in counter.observe(self.global_steps, [rt.name for rt in skipped], [rt.name for rt in trained], plays):
+        for warning in counter.observe(self.global_steps, [rt.name for rt in skipped], [rt.name for rt in trained],
+                                       plays):
             print(warning, flush=True)
 
     def _update_agent(self, rt: AgentRuntime, rows: KVBatchMeta) -> tuple[dict, dict, list[tuple[str, dict]]]:
@@ -463,7 +470,8 @@ class MultiAgentTrainer(PPOTrainer):
                 advantage=step.advantage, fates=rollout_log.alignment_fates(len(step.table), step.alignment),
                 trainable=self._agent_trains,
             )
-            self._dump_rollouts(rows, rollout_log.dump_path(rollout_data_dir, step.step, rollout_log.TRAIN), rollout_log.TRAIN)
+            self._dump_rollouts(rows, rollout_log.dump_path(rollout_data_dir, step.step, rollout_log.TRAIN),
+                                rollout_log.TRAIN)
 
     def _validate(self) -> dict[str, float]:
         """verl's validation; with ``trainer.validation_data_dir``, every validation row is also read as verl samples
@@ -480,7 +488,8 @@ class MultiAgentTrainer(PPOTrainer):
             metrics = super()._validate()
         finally:
             self.replay_buffer = buffer
-        self._dump_rollouts(recorder.rows, rollout_log.dump_path(directory, self.global_steps, rollout_log.VAL), rollout_log.VAL)
+        self._dump_rollouts(recorder.rows, rollout_log.dump_path(directory, self.global_steps, rollout_log.VAL),
+                            rollout_log.VAL)
         return metrics
 
     def _read_validation_rows(self, batch: KVBatchMeta) -> list[dict]:
@@ -530,21 +539,25 @@ class MultiAgentTrainer(PPOTrainer):
             ckpt.remove_folder(folder)
         for rt in self._trainable():
             sub = ckpt.actor_subdir(rt.name)
-            remote = None if trainer.default_hdfs_dir is None else os.path.join(trainer.default_hdfs_dir, f"global_step_{self.global_steps}", sub)
+            remote = (None if trainer.default_hdfs_dir is None
+                      else os.path.join(trainer.default_hdfs_dir, f"global_step_{self.global_steps}", sub))
             rt.worker_group.save_checkpoint(os.path.join(folder, sub), remote, self.global_steps, max_ckpt_to_keep=None)
         local_mkdir_safe(folder)
         torch.save(self.train_dataloader.state_dict(), os.path.join(folder, ckpt.DATA))
         manifest = {
-            rt.name: {"model": rt.config.actor_rollout_ref.model.path, "trainable": rt.trainable, "plays": list(rt.plays)}
+            rt.name: {"model": rt.config.actor_rollout_ref.model.path, "trainable": rt.trainable,
+                      "plays": list(rt.plays)}
             for rt in self.agents.values()
         }
-        for rt in self.agents.values():  # a LoRA agent's settings, which the merged export needs (trainer/lora_export.py)
+        # a LoRA agent's settings, which the merged export needs (trainer/lora_export.py)
+        for rt in self.agents.values():
             if (lora := lora_settings(rt.config.actor_rollout_ref.model)) is not None:
                 manifest[rt.name]["lora"] = lora
         ckpt.write_atomic(os.path.join(folder, ckpt.MANIFEST), json.dumps(manifest, indent=2))
         ckpt.write_marker(folder, self.global_steps, saved)  # after fsync of all the step's files
         ckpt.write_atomic(os.path.join(root, ckpt.TRACKER), str(self.global_steps))
-        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=folder, async_save=False)
+        self.checkpoint_callback.on_save(trainer=self, global_step=self.global_steps, checkpoint_dir=folder,
+                                         async_save=False)
         ckpt.prune(root, self.global_steps, keep, saved)
 
     def _resume_folder(self) -> str | None:
@@ -568,7 +581,8 @@ class MultiAgentTrainer(PPOTrainer):
             if (marker is None or rt.name in marker["agents"]) and os.path.isdir(path):
                 load.append((rt, path))
             elif rt.name in frozen:  # its weights at that step were its model path's: nothing is lost
-                logger.warning("agent %r was frozen at %s: it starts from %s", rt.name, folder, rt.config.actor_rollout_ref.model.path)
+                logger.warning("agent %r was frozen at %s: it starts from %s", rt.name, folder,
+                               rt.config.actor_rollout_ref.model.path)
             else:
                 raise ckpt.CheckpointError(
                     f"{folder} has no weights of agent {rt.name!r}, which is trainable now, and its agents.json does "
@@ -576,7 +590,8 @@ class MultiAgentTrainer(PPOTrainer):
                     "agents of that run, or set trainer.resume_mode=disable."
                 )
         for rt, path in load:
-            rt.worker_group.load_checkpoint(local_path=path, del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
+            rt.worker_group.load_checkpoint(local_path=path,
+                                            del_local_after_load=self.config.trainer.del_local_ckpt_after_load)
         state = os.path.join(folder, ckpt.DATA)
         if os.path.exists(state):
             self.train_dataloader.load_state_dict(torch.load(state, weights_only=False))

@@ -64,7 +64,8 @@ def placement_problem(
     for pool, size in pools.items():
         where = f" with resource {pins[pool]!r}" if pool in pins else ""
         if not eligible[pool]:
-            return f"{setting_of(pool, 'node_resource')}: no node of the cluster has the resource {pins[pool]!r} (with room for {size} bundles)"
+            return (f"{setting_of(pool, 'node_resource')}: no node of the cluster has the resource {pins[pool]!r} "
+                    f"(with room for {size} bundles)")
         best = max(slots[n] for n in eligible[pool])
         if size > best:
             return (
@@ -107,7 +108,8 @@ class PinnedResourcePoolManager(ResourcePoolManager):
     def create_resource_pool(self):
         unknown = sorted(set(self.node_resources) - set(self.resource_pool_spec))
         if unknown:
-            raise ValueError(f"node_resources names pools {unknown} that are not in the spec {sorted(self.resource_pool_spec)}")
+            raise ValueError(f"node_resources names pools {unknown} that are not in the spec "
+                             f"{sorted(self.resource_pool_spec)}")
         for name, process_on_nodes in self.resource_pool_spec.items():
             self.resource_pool_dict[name] = RayResourcePool(
                 process_on_nodes=process_on_nodes,

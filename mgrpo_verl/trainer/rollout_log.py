@@ -314,7 +314,8 @@ def _markdown(agent: str, rows: Sequence[dict[str, Any]]) -> str:
     parts = [f"**{agent}**: {len(rows)} sample trajectories\n"]
     for row in rows:
         values = dict(zip(TABLE_COLUMNS, table_row(row)))
-        parts.append(f"### {values['traj_id']}\n\nparent `{values['parent_traj_id'] or '-'}` · score {values['score']} · "
+        parts.append(f"### {values['traj_id']}\n\nparent `{values['parent_traj_id'] or '-'}` "
+                     f"· score {values['score']} · "
                      f"advantage {values['advantage']} · fate {values['fate'] or '-'}\n")
         for name in ("prompt", "response"):
             block = "\n".join("    " + line for line in str(values[name]).splitlines() or [""])
@@ -340,7 +341,8 @@ def log_sample_tables(tracking: Any, rows: Sequence[dict[str, Any]], split: str,
                 wandb = backends["wandb"]
                 if getattr(wandb, "run", None) is None:
                     continue
-                tables = {f"rollouts/{split}/{agent}": wandb.Table(columns=list(TABLE_COLUMNS), data=[table_row(r) for r in rs])
+                tables = {f"rollouts/{split}/{agent}": wandb.Table(columns=list(TABLE_COLUMNS),
+                                                                   data=[table_row(r) for r in rs])
                           for agent, rs in samples.items()}
                 wandb.log(tables, step=step)
             else:
@@ -350,13 +352,15 @@ def log_sample_tables(tracking: Any, rows: Sequence[dict[str, Any]], split: str,
                 writer.flush()
             done.append(name)
         except Exception as err:  # a tracker must never fail the run
-            logger.warning("rollout table for %s at step %d not logged to %s: %s: %s", split, step, name, type(err).__name__, err)
+            logger.warning("rollout table for %s at step %d not logged to %s: %s: %s", split, step, name,
+                           type(err).__name__, err)
     return done
 
 
 def dump_path(directory: str, step: int, split: str) -> str:
     """``<rollout_data_dir>/<step>.jsonl`` (training) or ``<validation_data_dir>/agents/<step>.jsonl``."""
-    return os.path.join(directory, f"{step}.jsonl") if split == TRAIN else os.path.join(directory, VAL_SUBDIR, f"{step}.jsonl")
+    return (os.path.join(directory, f"{step}.jsonl") if split == TRAIN
+            else os.path.join(directory, VAL_SUBDIR, f"{step}.jsonl"))
 
 
 def write_rows(rows: Sequence[dict[str, Any]], path: str) -> str:

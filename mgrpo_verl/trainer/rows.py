@@ -89,7 +89,8 @@ def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -
         if not all(t is not None for t in trees):
             bad = [k for k, t in zip(keys, trees) if t is None][:5]
             raise ValueError(f"row table: some rows carry extra_fields[{NODE_META!r}] and others do not (e.g. {bad})")
-        nodes = {name: np.array([getattr(t, name) for t in trees], dtype=object) for name in ("node_id", "parent_node_id", "turn")}
+        nodes = {name: np.array([getattr(t, name) for t in trees], dtype=object)
+                 for name in ("node_id", "parent_node_id", "turn")}
     score = np.array([m.score for m in metas], dtype=np.float64)
     return RowTable(**table, score=score, parent_row=parent_row, nodes=nodes)
 
@@ -288,7 +289,8 @@ def row_metrics(table: RowTable, advantage: np.ndarray, tags: list[dict], alignm
         rows = np.flatnonzero(table.agent == name)
         p = f"agent/{name}/"
         out[p + "rows"] = float(len(rows))
-        for label, values in (("score", table.score[rows]), ("advantages", advantage[rows]), ("response_length", response_len[rows])):
+        for label, values in (("score", table.score[rows]), ("advantages", advantage[rows]),
+                              ("response_length", response_len[rows])):
             out[p + f"{label}/mean"] = float(values.mean())
             out[p + f"{label}/max"] = float(values.max())
             out[p + f"{label}/min"] = float(values.min())
@@ -396,5 +398,6 @@ def write_copies(batch, table: RowTable, update: UpdateSet, new_keys: list[str])
                     field[name] = torch.zeros_like(field[name])
         fields.append(field)
         tags.append({**tag_of[table.keys[update.source[i]]], "is_padding": True})
-    tq.kv_batch_put(keys=new_keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields), tags=tags)
+    tq.kv_batch_put(keys=new_keys, partition_id=batch.partition_id, fields=list_of_dict_to_tensordict(fields),
+                    tags=tags)
     return tags

@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="a folder holding the dumps (searched recursively)")
     parser.add_argument("--out", type=Path, default=None, help="the page to write (default: RUN_DIR/rollouts.html)")
     parser.add_argument("--rollouts", type=int, default=ROLLOUTS_PER_STEP,
-                        help=f"main rollouts shown per step, spread from the best score to the worst (default {ROLLOUTS_PER_STEP})")
+                        help=f"main rollouts shown per step, spread from the best score to the worst "
+                             f"(default {ROLLOUTS_PER_STEP})")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         parser.error(f"{args.run_dir} is not a folder")

@@ -37,7 +37,8 @@ def esc(value: Any) -> str:
 
 def _cut(text: Any) -> str:
     text = "" if text is None else str(text)
-    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"\n... ({len(text) - MAX_TEXT} more characters not shown)"
+    return (text if len(text) <= MAX_TEXT
+            else text[:MAX_TEXT] + f"\n... ({len(text) - MAX_TEXT} more characters not shown)")
 
 
 def fmt(value: Any, signed: bool = False) -> str:
@@ -74,7 +75,8 @@ def _call_index(row: dict) -> int:
 
 def spread(rows: list[dict], n: int) -> list[dict]:
     """``n`` of ``rows`` from the best score to the worst, evenly spaced (all of them when there are no more)."""
-    ranked = sorted(rows, key=lambda r: (-(r.get("score") if isinstance(r.get("score"), (int, float)) else -math.inf), r["key"]))
+    ranked = sorted(rows, key=lambda r: (-(r.get("score") if isinstance(r.get("score"), (int, float)) else -math.inf),
+                                         r["key"]))
     if len(ranked) <= n:
         return ranked
     if n == 1:
@@ -186,11 +188,14 @@ class Tree:
             nested = ""
             if name.startswith("ask_") and queues.get(name[4:]):
                 nested = self.node(queues[name[4:]].pop(0), depth + 1, seen)
-            items.append(f'<li class="call"><code class="tool">{esc(name)}</code><pre class="args">{esc(_cut(args_text))}</pre>'
+            items.append(f'<li class="call"><code class="tool">{esc(name)}</code>'
+                         f'<pre class="args">{esc(_cut(args_text))}</pre>'
                          f"{nested}</li>")
         calls_html = f'<ul class="calls">{"".join(items)}</ul>' if items else ""
-        return (f'<li class="turn {role}"><div class="turn-head">{role} · turn {number} · {esc(turn.get("tokens", "?"))} tokens'
-                f'{f" · {len(items)} tool calls" if items else ""}</div><pre>{esc(_cut(turn.get("text")))}</pre>{calls_html}</li>')
+        return (f'<li class="turn {role}"><div class="turn-head">{role} · turn {number} · '
+                f'{esc(turn.get("tokens", "?"))} tokens'
+                f'{f" · {len(items)} tool calls" if items else ""}</div>'
+                f'<pre>{esc(_cut(turn.get("text")))}</pre>{calls_html}</li>')
 
     def _calls(self, kids: list[dict], depth: int, seen: set, title: str) -> str:
         return (f'<li class="delegations"><div class="turn-head">{esc(title)}: {len(kids)}</div>'
@@ -243,7 +248,8 @@ def line_chart(title: str, series: dict[str, list[tuple[int, float]]], colours: 
             out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}">'
                        f"<title>{esc(agent)} · step {esc(x)}: {esc(f'{y:.4g}')}</title></circle>")
     out.append("</svg>")
-    legend = "".join(f'<span class="key"><i style="background:{colours.get(a, PALETTE[-1])}"></i>{esc(a)}</span>' for a in series)
+    legend = "".join(f'<span class="key"><i style="background:{colours.get(a, PALETTE[-1])}"></i>{esc(a)}</span>'
+                     for a in series)
     return head + "".join(out) + f'<div class="legend">{legend}</div></figure>'
 
 
@@ -276,7 +282,8 @@ def curves(dump: Dump, colours: dict[str, str]) -> str:
 # ---------------------------------------------------------------------------------------------- steps
 
 
-def step_section(split: str, step: int, rows: list[dict], dump: Dump, colours: dict[str, str], n: int, open_: bool) -> str:
+def step_section(split: str, step: int, rows: list[dict], dump: Dump, colours: dict[str, str], n: int,
+                 open_: bool) -> str:
     tree = Tree(rows, colours)
     per_agent = []
     for agent in dump.agents():
@@ -292,7 +299,8 @@ def step_section(split: str, step: int, rows: list[dict], dump: Dump, colours: d
     if tree.orphans:
         note += f"; {len(tree.orphans)} rows whose parent is not in this dump"
     trees = "".join(f'<div class="rollout" data-rank="{i}">{tree.node(row)}</div>' for i, row in enumerate(shown))
-    return (f'<details class="step" id="{split}-{step}" data-split="{split}" data-step="{step}"{" open" if open_ else ""}>'
+    return (f'<details class="step" id="{split}-{step}" data-split="{split}" data-step="{step}"'
+            f'{" open" if open_ else ""}>'
             f'<summary><b>{"training" if split == "train" else "validation"} step {step}</b> · {len(rows)} rows · '
             f'{" · ".join(per_agent)}</summary><p class="note">{esc(note)}</p>{trees}</details>')
 
@@ -308,7 +316,8 @@ def render_page(dump: Dump, title: str = "rollouts", rollouts_per_step: int = RO
             continue
         last = max(by_step)
         sections.append(f'<section class="split" id="split-{split}"><h2>{heading}</h2>' + "".join(
-            step_section(split, step, rows, dump, colours, rollouts_per_step, step == last) for step, rows in by_step.items())
+            step_section(split, step, rows, dump, colours, rollouts_per_step, step == last)
+            for step, rows in by_step.items())
             + "</section>")
     filters = "".join(f'<label class="filter" style="--agent:{colours[a]}"><input type="checkbox" class="agent-filter" '
                       f'data-agent="{esc(a)}" checked> {esc(a)}</label>' for a in agents)
@@ -316,7 +325,8 @@ def render_page(dump: Dump, title: str = "rollouts", rollouts_per_step: int = RO
     if dump.skipped:
         skipped = (f'<details class="skipped"><summary>{len(dump.skipped)} lines skipped</summary><pre>'
                    + esc("\n".join(dump.skipped[:200])) + "</pre></details>")
-    meta = (f"{len(dump.rows)} rows · {len(dump.steps('train'))} training steps · {len(dump.steps('val'))} validations · "
+    meta = (f"{len(dump.rows)} rows · {len(dump.steps('train'))} training steps · "
+            f"{len(dump.steps('val'))} validations · "
             f"{len(dump.files)} files · agents: {', '.join(agents)}")
     return (
         '<!DOCTYPE html>\n<html lang="en" data-js-errors="0"><head><meta charset="utf-8">'
@@ -425,4 +435,4 @@ ul.calls { margin: 4px 0; padding-left: 18px; }
 li.call .tool { font-weight: 700; } li.call.bad { color: #b00020; }
 pre.args { background: var(--bg); border: 1px solid var(--line); padding: 2px 6px; }
 details.prompt > summary { font-size: 12px; color: var(--muted); cursor: pointer; }
-"""
+"""  # noqa: E501 (CSS rules, one a line)

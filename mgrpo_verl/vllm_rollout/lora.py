@@ -38,14 +38,16 @@ from vllm.lora.request import LoRARequest
 from mgrpo_verl.config.lora import VLLM_ADAPTERS_KEY as ADAPTERS_KEY
 
 #: The adapter of the request being generated, read by :class:`_AdapterEngine` (one asyncio task per request).
-_REQUEST_ADAPTER: contextvars.ContextVar[LoRARequest | None] = contextvars.ContextVar("mgrpo_request_adapter", default=None)
+_REQUEST_ADAPTER: contextvars.ContextVar[LoRARequest | None] = contextvars.ContextVar("mgrpo_request_adapter",
+                                                                                      default=None)
 
 
 def adapter_table(rollout_config: Any) -> dict | None:
     """The shared-engine table of an agent's rollout config (:data:`ADAPTERS_KEY`), or None."""
     custom = rollout_config.get("custom")  # verl's RolloutConfig and an OmegaConf node alike
     table = (custom or {}).get(ADAPTERS_KEY)
-    return None if table is None else {"host": str(table["host"]), "ids": {str(k): int(v) for k, v in dict(table["ids"]).items()},
+    return None if table is None else {"host": str(table["host"]),
+                                       "ids": {str(k): int(v) for k, v in dict(table["ids"]).items()},
                                        "max_rank": int(table["max_rank"])}
 
 
@@ -76,7 +78,8 @@ class AgentLoRAvLLMHttpServer(vLLMHttpServer):
         super().__init__(*args, **kwargs)
         self._adapters = adapter_table(self.config)
         if self._adapters is None:
-            raise ValueError(f"{type(self).__name__} serves the agents of rollout.custom.{ADAPTERS_KEY}, which is unset")
+            raise ValueError(f"{type(self).__name__} serves the agents of rollout.custom.{ADAPTERS_KEY}, "
+                             "which is unset")
 
     def _with_agent_loras(self, args: Any) -> Any:
         args.max_loras = len(self._adapters["ids"])
@@ -147,11 +150,12 @@ class AgentLoRAWorkerExtension(vLLMColocateWorkerExtension):
     """verl's vLLM worker extension whose adapter sync replaces the named agent's adapter (``mgrpo_adapter``: name
     and id, from :class:`AgentLoRAServerAdapter`) instead of verl's single one; base syncs are verl's."""
 
-    def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done: bool = False, use_shm: bool = False,
-                                mgrpo_adapter: dict | None = None):
+    def update_weights_from_ipc(self, peft_config: dict | None = None, base_sync_done: bool = False,
+                                use_shm: bool = False, mgrpo_adapter: dict | None = None):
         self._mgrpo_adapter = mgrpo_adapter
         try:
-            return super().update_weights_from_ipc(peft_config=peft_config, base_sync_done=base_sync_done, use_shm=use_shm)
+            return super().update_weights_from_ipc(peft_config=peft_config, base_sync_done=base_sync_done,
+                                                   use_shm=use_shm)
         finally:
             self._mgrpo_adapter = None
 

@@ -19,12 +19,14 @@ def parse_args(argv=None) -> tuple[WarmStartSpec, argparse.Namespace]:
     p.add_argument("--out", default=None, help=f"root of the cached results (default {default_root()})")
     p.add_argument("--main-model", default=defaults.main_model, help="built-in model name or model directory")
     p.add_argument("--sub-model", default=defaults.sub_model,
-                   help=f"built-in model name, model directory, or {FROM_MAIN!r}: the main agent's fine-tuned checkpoint")
+                   help=f"built-in model name, model directory, or {FROM_MAIN!r}: the main agent's fine-tuned "
+                        "checkpoint")
     p.add_argument("--n-train", type=int, default=defaults.n_train, help="demonstrations per agent")
     p.add_argument("--n-val", type=int, default=defaults.n_val, help="SFT validation demonstrations per agent")
     p.add_argument("--data-seed", type=int, default=defaults.data_seed)
     p.add_argument("--steps", type=int, default=sft_defaults.steps,
-                   help="SFT steps of the main agent (0: none, its base model as it is; the sub-agent's too with --sub-steps 0)")
+                   help="SFT steps of the main agent (0: none, its base model as it is; the sub-agent's too with "
+                        "--sub-steps 0)")
     p.add_argument("--sub-steps", type=int, default=defaults.sub_steps, help="SFT steps of the sub-agent (0: --steps)")
     p.add_argument("--main-restart-steps", type=int, default=defaults.main_restart_steps,
                    help="SFT steps of the main agent after a warm restart (a second run from its checkpoint; 0: none)")
@@ -49,7 +51,8 @@ def parse_args(argv=None) -> tuple[WarmStartSpec, argparse.Namespace]:
         n_train=args.n_train,
         n_val=args.n_val,
         data_seed=args.data_seed,
-        sft=SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, save_every=args.save_every),
+        sft=SFTSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                        save_every=args.save_every),
         n_eval=args.n_eval,
         device=args.device,
     )
@@ -59,7 +62,8 @@ def parse_args(argv=None) -> tuple[WarmStartSpec, argparse.Namespace]:
 def main(argv=None) -> None:
     spec, args = parse_args(argv)
     quiet = args.json or args.overrides
-    result = warm_start(spec, args.out, log=lambda msg: print(msg, flush=True, file=sys.stderr if quiet else sys.stdout))
+    result = warm_start(spec, args.out,
+                        log=lambda msg: print(msg, flush=True, file=sys.stderr if quiet else sys.stdout))
     if args.overrides:
         print("\n".join(result.main_ppo_overrides()))
         return

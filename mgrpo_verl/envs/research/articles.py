@@ -62,6 +62,7 @@ def load_articles(path: Optional[str] = None) -> tuple[Article, ...]:
         extract = str(entry.get("extract") or "").strip()
         if title and extract:
             articles.append(
-                Article(title, extract, str(entry.get("description") or "").strip(), str(entry.get("topic") or "").strip())
+                Article(title, extract, str(entry.get("description") or "").strip(),
+                        str(entry.get("topic") or "").strip())
             )
     return tuple(articles)

@@ -364,7 +364,8 @@ def _install_guard(sandbox, read_roots, read_files, report_fd, violation_exit, d
 
         def readlink(path, *, dir_fd=None):
             box = []
-            audit_("sandbox.path", "readlink", path if type_(path) is int_ else fspath_(path), dir_fd, (None, None), box)
+            audit_("sandbox.path", "readlink", path if type_(path) is int_ else fspath_(path), dir_fd, (None, None),
+                   box)
             return box[0]
 
         def statvfs(path):

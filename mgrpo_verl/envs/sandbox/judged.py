@@ -135,7 +135,8 @@ def run_judged(judge: str, candidate: str, function: str, limits: SandboxLimits 
         judge_result = jud.finish(timed_out and bool(jud.open_reads()), deadline)
         candidate_result = cand.finish(timed_out and bool(cand.open_reads()), deadline)
         if state["judge_broken"] and judge_result.status == "ok":
-            judge_result = dataclasses.replace(judge_result, status="error", stderr=judge_result.stderr + state["judge_broken"])
+            judge_result = dataclasses.replace(judge_result, status="error",
+                                               stderr=judge_result.stderr + state["judge_broken"])
         return JudgedRun(judge_result, candidate_result, state["report"], state["calls"], state["protocol"])
     finally:
         try:

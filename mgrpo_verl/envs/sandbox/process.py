@@ -394,7 +394,8 @@ class Child:
             _kill_group(proc)
         seconds = time.monotonic() - self.start_time
         if self.kept[self.setup_fd]:
-            raise RuntimeError(f"the sandbox could not be set up: {self.kept[self.setup_fd].decode('utf-8', 'replace')}")
+            raise RuntimeError(f"the sandbox could not be set up: "
+                               f"{self.kept[self.setup_fd].decode('utf-8', 'replace')}")
         self.check_disk()  # what it wrote since the last check (or before it exited)
         report = self.kept[self.report_fd].decode("utf-8", "replace") or self.disk_violation or ""
         if report or proc.returncode == VIOLATION_EXIT:
