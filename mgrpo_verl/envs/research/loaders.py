@@ -1,54 +1,9 @@
 """Benchmark files in their published formats -> verl parquet rows (:func:`.dataset.make_row`).
 
-Three deep-research benchmarks, read from files the user downloads themselves (nothing here fetches them):
-
-**GAIA** (Hugging Face dataset ``gaia-benchmark/GAIA``, gated). The dataset card says "Questions are
-contained in metadata.jsonl. Some questions come with an additional file, that can be found in the same
-folder and whose id is given in the field file_name", and that each level has "a fully public dev set for
-validation, and a test set with private answers and metadata". Its October 2025 update ships
-``2023/{validation,test}/metadata.parquet`` (configs ``2023_all``/``2023_levelN``) whose "Columns remain
-``task_id``, ``Question``, ``Level``, ``Final answer``, ``file_name``, ``file_path``, and the struct-valued
-``Annotator Metadata``". The raw JSONL writes ``Level`` as a number, the dataset's loader script declared
-every column a string; both are read. The test split's ``Final answer`` is ``"?"``.
-
-* Text subset: rows whose ``file_name`` is empty (``text_only=True``, the default); the others are skipped
-  and counted ("has an attachment").
-* Hidden answers (our choice): a file with any ``"?"`` answer is **refused** with :class:`HiddenAnswersError`
-  (it is the test split; its rows cannot be scored), unless ``skip_hidden_answers=True`` (CLI
-  ``--skip-hidden``), which leaves those rows out and counts them.
-* ``level`` is the ``Level`` value as text (``"1"``, ``"2"``, ``"3"``); ``path`` is a metadata file, a split
-  folder holding one, or the dataset root (``split_hint`` picks ``2023/<split>``, default ``validation``).
-  ``metadata.jsonl`` is preferred to ``metadata.parquet`` when a folder has both.
-
-**XBench-DeepSearch** (GitHub ``xbench-ai/xbench-evals``: ``data/DeepSearch.csv`` and
-``data/DeepSearch-2510.csv``; Hugging Face ``xbench/DeepSearch``). The CSV header is
-``id,prompt,answer,reference_steps,canary``; the canary cell reads "BENCHMARK DATA SHOULD NEVER APPEAR AS
-PLAIN TEXT ONLINE. canary GUID xbench-DeepSearch:<uuid>". The README's notes: "Benchmark data is encrypted
-to prevent search engine crawling and contamination, you can use the decrypt code in xbench_evals.py".
-That code opens the CSV with ``encoding='utf-8-sig'`` and ``csv.DictReader``, takes ``key =
-question["canary"]`` and sets ``prompt = xor_decrypt(base64.b64decode(prompt), key).decode('utf-8')`` (same
-for ``answer``), where ``xor_decrypt`` XORs byte ``i`` of the data with byte ``i % len`` of
-``key.encode('utf-8')``. So the key is the row's whole canary string (UTF-8), repeated; nothing is derived
-from it. Our own implementation: :func:`decrypt_xbench_text` / :func:`encrypt_xbench_text` (the inverse, used
-to build the test fixture). Already-decrypted files (plain ``prompt``/``answer``) are accepted too: with
-``encrypted=None`` a file is read as encrypted when it has a ``canary`` column and every non-empty prompt is
-strict base64. Rows that do not decrypt (bad base64, bytes that are not UTF-8, empty canary) are skipped and
-counted; a file where *no* row decrypts is an error. The format has **no difficulty level**: ``level`` is
-``""``. ``meta["edition"]`` is the name in the canary (``xbench-DeepSearch``, ``xbench-DeepSearch-2510``).
-
-**WebWalkerQA** (Hugging Face ``callanwu/WebWalkerQA``, split ``main``: 680 questions; GitHub
-``Alibaba-NLP/WebAgent``, WebWalker). The released rows have ``question``, ``answer``, ``root_url`` and an
-``info`` object with ``domain``, ``lang`` (``en``/``zh``), ``type`` (``single_source``/``multi_source``),
-``difficulty_level`` (``easy``/``medium``/``hard``), ``source_website`` and ``golden_path``. The project's
-README shows an older spelling of the same item (``Question``, ``Answer``, ``Root_Url``, ``Info`` with
-``Hop: "multi-source"``, ``Domain``, ``Language``, ``Difficulty_Level: "Medium"``, ``Source_Website``,
-``Golden_Path``); both spellings are read. The paper reports accuracy per single-source / multi-source ×
-easy / medium / hard, so ``level = f"{type}/{difficulty}"`` (``"single_source/easy"``); ``meta`` keeps the two
-parts apart (``type``, ``difficulty``) for either marginal. The rows have no id: ``id`` is the row's
-0-based position in the file. JSON (an array), JSONL and parquet are read.
-
-Every loader returns a :class:`LoadedItems` (a list of :class:`BenchmarkItem` that also counts the rows read
-and the rows skipped, by reason); :func:`convert` writes the parquet and reports that summary. CLI::
+GAIA, XBench-DeepSearch (decrypted with each row's canary, as xbench-evals does) and WebWalkerQA, read from
+files the user downloads (nothing here fetches them); each loader returns a :class:`LoadedItems` counting the
+rows read and skipped. The formats, their sources, our choices (GAIA's hidden answers refused, the levels):
+``docs/research.md``, "Benchmark formats". CLI::
 
     python -m mgrpo_verl.envs.research.loaders BENCHMARK PATH --out OUT.parquet [--limit N]
 """

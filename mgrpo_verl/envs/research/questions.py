@@ -1,56 +1,9 @@
 """Multi-hop questions built from the research corpus's summaries (:mod:`.articles`).
 
-The questions are answerable only by searching and reading the offline corpus: the answer is a fact of
-one document (1 hop) or needs a document found through another one (2 hops). The corpus's pages show
-title, short description and extract (:func:`mgrpo_verl.envs.research.corpus.page_text`), so every
-template below uses only those three fields; the ``topic`` field is never shown by the tools, which is
-why no question asks for it.
-
-Templates (the examples are real questions built from the 10,033 summaries):
-
-``description`` (1 hop, evidence ``(A,)``)
-    ``What short description does the encyclopedia give for "<A>"?``, answers ``[A.description]``.
-    Only for informative descriptions: at least 2 words and none of the generic ones
-    (:data:`GENERIC_DESCRIPTION`, e.g. "Topics referred to by the same term"). Example:
-    ``What short description does the encyclopedia give for "2001: A Space Odyssey"?`` ->
-    ``1968 film by Stanley Kubrick``.
-
-``bridge`` (2 hops, evidence ``(A, B)``)
-    ``Which <B.description> is mentioned in the encyclopedia summary of "<A>"?``, answers
-    ``[B.title, B.title without a trailing parenthetical]``. ``B`` is *mentioned* in ``A`` when ``B``'s
-    title occurs in ``A``'s extract, case-sensitively, on word boundaries, as a leftmost-longest match
-    (``Holy Roman Empire`` is a mention of that title, not of ``Roman Empire``), and not as part of a
-    longer capitalised name (``University`` in ``Harvard University``; :class:`MentionIndex`).
-    The agent must read ``A`` to list the mentioned names, then read them to find the one with that
-    description. Rejected: ``B`` titles shorter than 5 characters with one word (``Art``, ``Song``:
-    junk matches), ``B`` titles that occur in ``A``'s title (``China`` in ``History of China``: the
-    question would hold its answer), uninformative ``B`` descriptions, any other title mentioned in ``A``
-    with the same description (the question would be ambiguous), and a question whose text contains an
-    answer. The description's first word is lowercased when the corpus writes that word in lowercase
-    more often than capitalised (``Country in West Asia`` -> ``country in West Asia``, but ``English
-    novelist`` stays). Examples: ``Which American composer and pianist (1868–1917) is mentioned in the
-    encyclopedia summary of "Ragtime"?`` -> ``Scott Joplin``; ``Which Swedish actress (1915–1982) is
-    mentioned in the encyclopedia summary of "Casablanca (film)"?`` -> ``Ingrid Bergman``.
-
-``compare`` (2 hops, evidence ``(X, Y)``)
-    ``Who was born first, <X> or <Y>?``, answers ``[the earlier-born title, its alias]``: the birth
-    years come from the two people's descriptions (``English novelist (1775–1817)``, ``Canadian writer
-    (born 1939)``, ``Roman statesman and lawyer (106–43 BC)``), so both pages must be read. Only pairs of
-    *related* people: one's summary mentions the other, or a third summary mentions both. A person is an
-    article of topic ``People`` (or ``Uncategorized`` with a role noun seen among the ``People``
-    descriptions) whose description ends with a plain lifespan, ``(YYYY–YYYY)`` spanning 15 to 110
-    years, ``(born YYYY)``, optionally ``BC``/``BCE``; circa dates, reigns and lists are skipped, as are
-    descriptions naming a group (``English rock band``, ``Imperial dynasty``; :data:`NON_PERSON_WORDS`).
-    Birth years must differ. Which name comes first in the question is fixed by a hash of the pair, so
-    the answer is not always the first name. A guess is right half the time: the rewards' F1 is the
-    same as for the other kinds, so this kind is mostly a reading check. Example: ``Who was born first,
-    Humphrey Bogart or Ingrid Bergman?`` -> ``Humphrey Bogart``.
-
-Train / validation split: by the *first* document ``A`` (``evidence[0]``) with a stable hash
-(:func:`split_of`: CRC-32 of the title mod 10, 0 -> ``"val"``), so no validation question starts from an
-article that a training question starts from. :func:`build_questions` samples each kind's share
-(:data:`DEFAULT_MIX`) deterministically for a seed. Every candidate question of the corpus is built once
-and cached (:func:`candidate_questions`; about 1 s of CPU for the 10k summaries).
+Three kinds, answerable only by searching and reading the offline corpus, each from the fields its pages show
+(title, description, extract): ``description`` (1 hop), ``bridge`` and ``compare`` (2 hops); train and
+validation are split by the first document. verl has no such data set. The templates, what each rejects, real
+examples and the split: ``docs/research.md``, "The questions".
 """
 
 from __future__ import annotations
