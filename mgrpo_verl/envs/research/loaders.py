@@ -359,8 +359,8 @@ _EDITION = re.compile(r"canary GUID\s+([^:\s]+):")
 
 def load_xbench_deepsearch(path: PathLike, *, encrypted: Optional[bool] = None) -> LoadedItems:
     """XBench-DeepSearch questions from a CSV (or JSON / JSONL / parquet with the same columns).
-    ``encrypted``: ``True`` (the published files), ``False`` (already decrypted), ``None`` (detect; see the
-    module docstring). ``level`` is ``""``: the format has none.
+    ``encrypted``: ``True`` (the published files), ``False`` (already decrypted), ``None`` (detect; see
+    ``docs/research.md``, "Benchmark formats"). ``level`` is ``""``: the format has none.
 
     Raises:
         FileNotFoundError: nothing at ``path``.
@@ -422,7 +422,7 @@ def _norm_label(text: str) -> str:
 
 
 def load_webwalkerqa(path: PathLike) -> LoadedItems:
-    """WebWalkerQA questions from a JSON, JSONL or parquet file (either spelling; see the module docstring).
+    """WebWalkerQA questions from a JSON, JSONL or parquet file (either spelling: ``docs/research.md``).
     ``level`` is ``"<type>/<difficulty>"``, e.g. ``"multi_source/medium"`` (the parts present).
 
     Raises:

@@ -276,7 +276,7 @@ class _Builder:
         return out
 
     def people(self) -> dict[str, int]:
-        """Birth year of every person that a ``compare`` question may name (see the module docstring)."""
+        """Birth year of every person that a ``compare`` question may name (``docs/research.md``)."""
         people = {
             a.title: year
             for a in self.articles
