@@ -1,40 +1,10 @@
 """Start and stop Ray for CPU runs of verl, leaving nothing behind.
 
-Why each setting (measured with Ray 2.60 on a 2-core machine, docs/cpu.md):
-
-- ``num_cpus`` is *logical*: verl's long-lived actors (TaskRunner, TransferQueue, agent-loop workers,
-  reward workers) each hold a CPU slot, and with 2 slots they starve and the run hangs. Default 16.
-- ``num_gpus`` is *logical* too: verl's resource pools always ask for the platform's resource, which
-  the CPU platform names ``GPU`` (:class:`mgrpo_verl.platform.cpu.CpuPlatform`); give one per training
-  worker (``trainer.n_gpus_per_node``).
-- ``RAY_TMPDIR`` / ``_temp_dir``: a private temporary directory (removed on exit) instead of
-  Ray's default under the system temp dir; the path is kept short because Ray's Unix socket paths must stay
-  under 108 bytes.
-- closed to the network (docs/security.md "Network exposure"): ``RAY_AUTH_MODE=token`` with the token in
-  the private temporary directory (``RAY_AUTH_TOKEN_PATH``, file 0600, 256 random bits; Ray's default
-  would write it under ``~/.ray``), so that a process without it cannot join the cluster and run tasks;
-  ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, so that the node's address is ``127.0.0.1``: Ray's GCS, raylet,
-  workers and agents then listen on loopback only, and so do TransferQueue's controller and storage units
-  (they bind the node's address, and unpickle what they receive before any check). A token that is
-  already exported (``RAY_AUTH_TOKEN`` / ``RAY_AUTH_TOKEN_PATH``: the cluster's, for a driver that joins
-  one) is kept.
-- ``RAY_USAGE_STATS_ENABLED=0``: no usage-stats file or network attempt.
-- ``TMPDIR`` = the same directory, for the processes Ray starts: Python's ``multiprocessing`` (used by
-  torch and verl inside workers) leaves ``pymp-*`` directories behind when Ray kills a worker at
-  shutdown; inside the session directory they are removed with it.
-- settings sized to a CPU run (:func:`cpu_sizing_env`), each unless already exported: ``TQ_NUM_THREADS``
-  = the physical cores, ``RAY_prestart_worker_first_driver=0``.
-
-The environment variables are set for the duration of the session (Ray's worker processes inherit them
-from the driver, so verl's Ray actors see them too) and restored afterwards. Ray reads the authentication
-and cluster settings once, when it is imported; :func:`ray_environ` makes an already imported Ray read them
-again (``patches/README.md``, ``ray-2.60-reread-settings``).
-
-Joining an existing cluster (``ray start`` on each node, docs/multinode.md) is different in two ways, both
-handled by :func:`ray_init_for_existing_cluster`: Ray refuses ``num_cpus`` / ``num_gpus`` from a driver that
-joins (the nodes declared theirs at ``ray start``), and the cluster's workers inherit the environment of
-their ``ray start``, not the driver's, so what verl's actors must see goes through the job's
-``runtime_env.env_vars``.
+With Ray's defaults verl's long-lived actors starve on a few cores, files stay behind in the system temp dir
+and Ray listens beyond loopback; here Ray gets logical CPUs and GPUs sized to verl's actors, a private
+temporary directory (removed on exit), token authentication and loopback only, for the session's duration
+(the environment restored afterwards); a driver joining an existing cluster gets what that needs instead. Why
+each setting, measured: ``docs/cpu.md``, "The Ray session".
 """
 
 from __future__ import annotations
@@ -232,7 +202,7 @@ def ray_cpu_session(
     """Start a local Ray for a CPU run; shut it down on normal exit, on error and on Ctrl-C.
 
     Args:
-        num_cpus: logical CPUs (not cores; see the module docstring).
+        num_cpus: logical CPUs (not cores; ``docs/cpu.md``, "The Ray session").
         num_gpus: logical GPUs, one per verl training worker on the CPU platform.
         temp_dir: Ray's temporary directory; by default a new private one, removed afterwards.
         keep_temp_dir: keep the directory we created (e.g. to read Ray's logs after a failure).
