@@ -1,39 +1,10 @@
 """The rollout server: a Ray actor that generates with Hugging Face transformers (CPU, or one CUDA GPU).
 
-It implements the methods verl 0.9.1 calls on a rollout server actor (the ``vLLMHttpServer`` /
-``SGLangHttpServer`` contract):
-
-* ``generate(prompt_ids, sampling_params, request_id, image_data=None, video_data=None, ...) -> TokenOutput``
-  — called by ``LLMServerClient.generate`` (``workers/rollout/llm_server.py``) for every agent-loop turn;
-* ``wake_up`` / ``sleep`` / ``clear_kv_cache`` / ``release_kv_cache`` / ``resume_kv_cache`` /
-  ``abort_all_requests`` / ``resume_generation`` / ``start_profile`` / ``stop_profile`` — called by
-  ``RolloutReplica`` (``workers/rollout/replica.py``) on behalf of ``CheckpointEngineManager``;
-* ``set_global_steps``, ``abort_request``, ``wait_for_requests_to_drain``, ``get_server_address``,
-  ``get_rollout_config`` — as on verl's vLLM server;
-
-plus the weight-update endpoint our in-worker adapter (:mod:`mgrpo_verl.hf_rollout.adapter`) drives:
-``begin_weight_update`` -> ``update_weights_bucket`` (repeated) -> ``finish_weight_update``.
-
-Batching: requests are validated on arrival and queued. A scheduler task takes everything queued (up to
-``max_batch_size``) as one batch and runs it on a single worker thread; requests that arrive while a batch
-runs wait for the next batch. The event loop stays free meanwhile, so control calls (abort, weight
-updates) are served while a batch runs.
-
-Server options come from ``actor_rollout_ref.rollout.engine_kwargs.hf`` (all optional)::
-
-    dtype: float32             # overrides rollout.dtype
-    device: auto               # auto (the device of the replica's actor worker), cpu or cuda
-    attn_implementation: sdpa  # or eager
-    num_threads: null          # torch intra-op threads; default max(1, cores // 2) (see launch_server)
-    max_batch_size: 256        # capped by rollout.max_num_seqs
-    batch_wait_ms: 5.0         # before a batch starts, wait until no request arrived for this long ...
-    max_batch_wait_ms: 30.0    # ... but at most this long (bursts from the agent loop join one batch)
-
-Device: :class:`~mgrpo_verl.hf_rollout.replica.HFReplica` resolves it (:func:`resolve_rollout_device`)
-from the device its actor worker trains on and passes it here with the worker's GPU id. On ``cuda`` the
-model goes to that GPU (:func:`cuda_index`; the process's visible devices are not changed, because verl's
-plugin loading has initialised CUDA before the constructor runs) and stays there for the whole run:
-unlike vLLM the server frees nothing on ``sleep``, so actor and rollout weights share the GPU.
+verl 0.9.1 has rollout servers for vLLM, SGLang and TRT-LLM only; this one implements the methods verl calls on
+them (``generate``, the sleep / wake-up / KV-cache / abort calls, ``get_server_address`` ...) plus the
+weight-update endpoint our in-worker adapter drives, batching the queued requests on one worker thread. Unlike
+vLLM it frees nothing on ``sleep``. The contract, batching, the ``engine_kwargs.hf`` options and the device:
+``docs/cpu.md``, "The hf rollout server".
 """
 
 from __future__ import annotations
