@@ -1,38 +1,11 @@
 """Decoupled M-GRPO: the main side and the sub side, each its own ``python -m mgrpo_verl.main_ppo``.
 
-Each side is a trainer mode of its own, registered with verl's trainer registry: ``mgrpo_decoupled_main``
-(:class:`DecoupledMainTrainer`) and ``mgrpo_decoupled_sub`` (:class:`DecoupledSubTrainer`), both subclasses
-of the synchronous :class:`~mgrpo_verl.trainer.per_agent.MultiAgentTrainer`. Users set only
-``multi_agent.decoupled.role``; ``mgrpo_verl.main_ppo`` sets ``trainer.v1.trainer_mode`` from it before Ray
-starts (:func:`mgrpo_verl.config.schema.trainer_mode`). The rest of the ``multi_agent`` section is the
-same on both sides. What crosses between them: delegation calls and
-their answers (text, over HTTP, :mod:`mgrpo_verl.agent_loops.remote_sub`) and one record per main
-trajectory (ids, uid, score, format flag, step, version, the sub calls it used) through the store
-(:mod:`mgrpo_verl.store`). No tensor, no gradient.
-
-**Main side** (:class:`DecoupledMainTrainer`): the synchronous trainer with the main agent's model only.
-Its relay loops call remote sub-agents; after computing its advantages it publishes the main records,
-then trains. Its validation is announced to the sub sides, which then keep no rows.
-
-**Sub side** (:class:`DecoupledSubTrainer`): trains ``decoupled.train_agent``'s model and serves it
-(:class:`~mgrpo_verl.agent_loops.sub_service.SubAgentService`). It samples no prompts of its own; a step
-(:meth:`DecoupledSubTrainer._step_once`):
-
-1. sample: wait until some pending rows' parents are in the store (a row whose parent has not come
-   after ``wait_timeout_s``, or whose parent is older than ``max_policy_lag`` versions, gets
-   ``missing_policy``: ``skip`` drops it and counts it, ``error`` raises); drop rows the parent does not
-   list in ``sub_calls`` (the main side had given up on them) and rows this consumer already trained on
-   (a resumed run), counted; close the service's gate;
-2. score and advantages: rebuild the synchronous row table from the rows and their queries' main
-   records (:func:`~mgrpo_verl.trainer.rows.decoupled_sub_table`), M-GRPO on it;
-3. align as the synchronous step (``D_max``), and publish its own rows' records (own score, advantage:
-   an audit trail);
-4. log the served agents' statistics;
-5. update its model (verl's chain, as the synchronous step);
-6. mark the rows consumed; then (``on_step_end``) sync the weights and open the gate.
-
-Exactly once: records are keyed by ``traj_id``; marks are made in the step that trains, and a resumed
-sub side releases the marks of steps after its checkpoint.
+Two trainer modes registered with verl's trainer registry, ``mgrpo_decoupled_main`` (:class:`DecoupledMainTrainer`)
+and ``mgrpo_decoupled_sub`` (:class:`DecoupledSubTrainer`), both the synchronous
+:class:`~mgrpo_verl.trainer.per_agent.MultiAgentTrainer` with one side's models; verl has no such split. They
+exchange only delegation calls (text over HTTP) and one record per main trajectory through the store, never a
+tensor, so each side trains on its own cluster. The sub side's step, exactly once and the store:
+``docs/decoupled.md``, "How a step runs".
 """
 
 from __future__ import annotations
@@ -69,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 @register_trainer(TRAINER_MODES["main"])
 class DecoupledMainTrainer(MultiAgentTrainer):
-    """The main side of decoupled M-GRPO (see the module docstring)."""
+    """The main side of decoupled M-GRPO (``docs/decoupled.md``)."""
 
     ROLE = "main"
 
@@ -148,7 +121,7 @@ class DecoupledMainTrainer(MultiAgentTrainer):
 
 @register_trainer(TRAINER_MODES["sub"])
 class DecoupledSubTrainer(MultiAgentTrainer):
-    """The sub side of decoupled M-GRPO (see the module docstring)."""
+    """The sub side of decoupled M-GRPO (``docs/decoupled.md``)."""
 
     ROLE = "sub"
 
@@ -209,7 +182,7 @@ class DecoupledSubTrainer(MultiAgentTrainer):
         ray.get(self.service.resume.remote(self.global_steps))
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int) -> KVBatchMeta:
-        """The synchronous step on the rows of the main side's calls (see the module docstring)."""
+        """The synchronous step on the rows of the main side's calls (``docs/decoupled.md``)."""
         # 1. sample: wait for served rows whose parents are in the store; close the gate
         with marked_timer("gen", timing_raw, color="red"):
             rows, mains = self._take_ready_rows(metrics)
@@ -271,7 +244,7 @@ class DecoupledSubTrainer(MultiAgentTrainer):
         """Pending rows whose parents are in the store (at least one), and their queries' main records.
 
         Rows that cannot be trained on are dropped from the service and TransferQueue, and counted in
-        ``decoupled/*`` metrics (see the module docstring)."""
+        ``decoupled/*`` metrics (``docs/decoupled.md``)."""
         d = self.multi_agent.decoupled
         counts = dict.fromkeys(("missing_parent", "stale_parent", "unclaimed", "already_consumed"), 0)
         start = time.monotonic()
