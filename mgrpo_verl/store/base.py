@@ -1,28 +1,11 @@
 """The statistics store of decoupled M-GRPO: the record type and the interface (backends are opened by
 :func:`mgrpo_verl.store.factory.open_store`).
 
-In decoupled mode the main-agent trainer and the sub-agent trainers run as separate processes (or
-clusters) and exchange only small per-trajectory records, :class:`TrajectoryStat`, through a shared
-store. The main side writes the main score ``s_M`` of each main trajectory; a sub side polls
-:meth:`StatStore.get` for the parents of its pending rows, reads their queries' main records
-(:meth:`StatStore.main_scores`) and computes its advantages as the synchronous trainer does
-(:mod:`mgrpo_verl.trainer.decoupled`).
-
-Guarantees every backend gives (tested on each one by ``tests/store``):
-
-- **exactly once**: records are keyed by ``traj_id``; putting a record again is a no-op, putting a
-  *different* record under an existing ``traj_id`` raises :class:`ConflictError`; ``put`` returns the
-  number of records newly inserted, so a writer that crashed and re-sends everything never doubles a
-  record and never has to know what got through;
-- **atomic batches**: one ``put`` call stores all of its records or none (a writer killed mid-batch
-  leaves no half batch, and a conflict anywhere in the batch stores nothing);
-- **records are immutable**: once stored, a record never changes, so a reader may cache it and a
-  record that is too old (``policy_version``) stays too old;
-- **consumption marks** (:meth:`StatStore.mark_consumed`) let a restarted consumer skip what it had
-  already trained on; :meth:`StatStore.release_consumed` drops the marks made after the checkpoint a
-  consumer resumes from, whose updates were lost with the crash.
-
-A store object belongs to the process that opened it: open one per process (each backend checks).
+The main side writes one :class:`TrajectoryStat` per main trajectory (its score ``s_M``); a sub side reads the
+parents of its pending rows and their queries' main records and computes its advantages as the synchronous
+trainer does. verl has no such store: its trainers share one process. Every backend guarantees exactly-once
+puts keyed by ``traj_id``, atomic batches, immutable records and consumption marks, one store object per
+process: ``docs/decoupled.md``, "The store".
 """
 
 from __future__ import annotations
@@ -232,7 +215,7 @@ def dedupe_batch(stats: Sequence[TrajectoryStat]) -> list[TrajectoryStat]:
 
 
 class StatStore(abc.ABC):
-    """Shared store of :class:`TrajectoryStat` records (see the module docstring for the guarantees).
+    """Shared store of :class:`TrajectoryStat` records (the guarantees: ``docs/decoupled.md``, "The store").
 
     Subclasses implement the abstract methods.
     """

@@ -1,38 +1,8 @@
 """Redis backend of the statistics store: one server shared by processes on several machines.
 
-Keys (under a namespace prefix, ``mgrpo:`` by default, ``?prefix=`` in the url):
-
-- ``{prefix}s:{traj_id}``: the record, canonical JSON (:meth:`TrajectoryStat.to_json`);
-- ``{prefix}m:{uid}``: set of the ``traj_id`` of the query's main records (for ``main_scores``);
-- ``{prefix}n``: number of records;
-- ``{prefix}c:{consumer}``: hash ``traj_id -> step`` of the consumer's marks.
-
-**Atomic, exactly-once puts.** A batch is one Lua script, which Redis runs atomically: it first
-compares the records already stored under the batch's ids (any difference: nothing is written and
-the ids come back, raised as :class:`ConflictError`), then ``SET ... NX`` each record, adds the new
-main records to their query's index set and bumps the count. A client killed before the script
-reached the server wrote nothing; once it reached the server it runs whole. Replaying a batch (a
-retry after a lost reply, a restarted writer) inserts nothing twice. The script touches keys it does
-not declare, so it needs a single Redis server (not Redis Cluster).
-
-**Durability depends on the server's persistence.** The store survives a restart of the Redis server
-only if the server persists: run it with ``appendonly yes`` (AOF). With ``appendfsync always`` a
-write acknowledged to us is on disk, so it survives a kill -9 of redis-server and an OS crash, at a cost
-per write. With the default ``appendfsync everysec`` it usually is in the AOF file before the reply, but
-Redis postpones that write (up to 2 s) while an earlier fsync is still running on a busy disk and replies
-meanwhile, so a kill -9 or an OS crash can lose the last seconds of acknowledged writes (we saw a kill -9
-lose the last ``mark_consumed`` under load). RDB snapshots alone (``save``) lose
-everything since the last snapshot. Opening a store warns (:class:`StoreDurabilityWarning`) when the
-server reports ``appendonly no``.
-
-**A password, always.** The server must require one (``requirepass``) and the store refuses a URL without it,
-loopback included: other users of the same machine reach loopback ports, and Redis without a password lets any of
-them read and rewrite the statistics. The password comes from the URL (``redis://:PASSWORD@host:port/db``, which
-then sits in the config that verl prints) or, better, from ``$MGRPO_REDIS_PASSWORD`` (used when the URL has none).
-A server on loopback that has no password can be used on purpose with ``?allow_no_password=1`` in the URL (a
-machine nobody else uses); a host off loopback needs a password whatever the URL says. Messages show the URL with
-the password masked (:func:`redacted`). The password crosses the network in clear with ``redis://``: use
-``rediss://`` (TLS) or a tunnel between machines (docs/security.md "Network exposure").
+Atomic, exactly-once puts as one Lua script (a single server, not Redis Cluster); durable only as far as the
+server persists (``appendonly yes``; a warning otherwise); a password always, loopback included. The keys,
+the durability of each ``appendfsync`` setting and the password rules: ``docs/decoupled.md``, "Backends".
 """
 
 from __future__ import annotations
@@ -180,7 +150,7 @@ def _import_redis():
 
 
 class RedisStatStore(StatStore):
-    """:class:`StatStore` on a Redis server (see the module docstring).
+    """:class:`StatStore` on a Redis server (``docs/decoupled.md``, "Backends").
 
     Args:
         client: a ``redis.Redis`` client created with ``decode_responses=True``.

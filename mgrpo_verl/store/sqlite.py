@@ -1,24 +1,8 @@
 """SQLite backend of the statistics store: one file shared by the processes of a machine.
 
-- **Several processes at once**: WAL journal (readers never block the writer nor each other) and a
-  busy timeout (writers queue for the write lock instead of failing with "database is locked").
-  Every process opens its own connection (:func:`mgrpo_verl.store.open_store` in each process).
-- **Atomic, exactly-once puts**: a batch is one ``BEGIN IMMEDIATE`` transaction: read the records
-  already stored under the batch's ids, raise :class:`ConflictError` (and roll back) if one differs,
-  else ``INSERT ... ON CONFLICT(traj_id) DO NOTHING``; the number inserted is SQLite's change count.
-  A process killed mid-batch leaves nothing of that batch (the transaction never committed).
-- **Durability**: ``synchronous=FULL`` by default: in WAL mode the log is fsynced at every commit,
-  so a ``put`` that returned survives a kill -9 of any process *and* an OS crash or power loss. It
-  costs one fsync per ``put`` call (one per batch: per training step, not per trajectory).
-  ``?synchronous=normal`` skips that fsync (faster on slow disks): still safe against a process
-  kill -9 (the committed log is in the OS page cache), but an OS crash may lose the last commits
-  (never corrupts the file). ``OFF`` is not offered.
-
-The ids of a query travel as one JSON array bound to one parameter (``json_each``), so a query has
-no limit on the number of ids and needs no chunking.
-
-Needs a file system with working POSIX locks and shared memory for the WAL index (a local disk;
-not NFS): see https://www.sqlite.org/wal.html.
+WAL journal and a busy timeout for several processes at once, each batch one ``BEGIN IMMEDIATE`` transaction
+(atomic, exactly once), ``synchronous=FULL`` by default (a returned ``put`` survives an OS crash). Needs a local
+disk, not NFS. Each choice and its cost: ``docs/decoupled.md``, "Backends".
 """
 
 from __future__ import annotations
@@ -67,7 +51,7 @@ _IDS = "(SELECT value FROM json_each(?))"
 
 
 class SQLiteStatStore(StatStore):
-    """:class:`StatStore` in an SQLite file (see the module docstring).
+    """:class:`StatStore` in an SQLite file (``docs/decoupled.md``, "Backends").
 
     Args:
         path: the database file (created with its tables if absent).
