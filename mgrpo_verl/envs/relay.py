@@ -1,35 +1,9 @@
 """The built-in multi-agent CPU task "relay": the main agent can only succeed through its helper.
 
-Each sample has a secret digit ``g`` (the ground truth). The main agent (planner) is asked
-
-    "Ask your helper for the secret digit, then write it."
-
-and never sees ``g``. The rollout loop (:class:`mgrpo_verl.agent_loops.delegation.RelayDelegationLoop`) lets
-the main agent write a short plan, then calls the sub-agent, whose prompt does contain the digit
-(:func:`sub_messages`), shows the main agent what the helper said, and lets it write its final answer.
-The main agent therefore scores well only when the sub-agent repeats the digit and the main agent copies
-it, which makes the credit assignment between the two agents real.
-
-Scores are dense, with the rule of the single-agent echo task (:func:`mgrpo_verl.envs.echo.compute_score`,
-reused here, not copied): over the first characters of the answer, 1 point for the right digit, 0.25 for
-any other digit, 0 otherwise, divided by the window size.
-
-* :func:`main_score`: the main agent's final answer against ``g``;
-* :func:`sub_local_score`: one sub-agent answer against ``g`` (the sub-agent's own, local score);
-* :func:`compute_score`: verl's reward-function signature, scoring a main answer (used when verl's
-  reward loop scores the rows itself, e.g. a single-agent run or validation through
-  ``mgrpo_verl.envs.rewards``).
-
-Dataset rows carry ``agent_name: "mgrpo_relay"`` so verl runs the relay loop for them.
-
-Variant "relay_tools" (:func:`write_tool_dataset`, agent loop ``mgrpo_delegate``,
-:class:`mgrpo_verl.agent_loops.tool_delegation.ToolDelegationLoop`): delegation by tool call. The main agent is
-told to call ``ask_<sub>`` (:func:`tool_main_messages`); nobody's prompt holds the digit. Only the
-sub-agent's own tool ``read_secret`` (:class:`mgrpo_verl.envs.relay_tools.ReadSecretTool`, configured by
-:data:`SUB_TOOL_CONFIG` as the sub-agent's ``multi_turn.tool_config_path``) can read it, from the
-per-sample ``tools_kwargs`` that verl passes to the loop (dataset column ``extra_info.tools_kwargs``,
-:func:`secret_tools_kwargs`). The sub-agent's prompt (:func:`tool_sub_messages`) is built from the main
-agent's ``task`` argument and tells it to call ``read_secret``. Same scores as the relay task.
+The main agent is asked for a secret digit it never sees; in ``relay`` (loop ``mgrpo_relay``) only the
+sub-agent's prompt holds it, in ``relay_tools`` (loop ``mgrpo_delegate``) only the sub-agent's tool
+``read_secret`` can read it. Dense digit scores, the echo task's rule. verl ships no multi-agent task. The
+prompts, the tool, the scores: ``docs/multi_agent.md``, "The relay tasks".
 """
 
 from __future__ import annotations
