@@ -1,34 +1,10 @@
 """MAGRPO's cooperative rollout: n agents act together at every turn and share one joint reward.
 
-``CooperativeLoop`` (verl agent loop ``magrpo_coop``) expands the whole joint-action tree of one task
-(dataset row) in one run, so verl's ``rollout.n`` must be 1 (the tree's width is G, ``multi_agent.magrpo
-.num_generations``):
-
-1. at a node (the root's parent is the task itself) every agent writes G completions from its own
-   prompt, on its own model (``server_manager.for_agent(agent)``), all concurrently;
-2. the completions form the node's children: ``aligned`` pairs them by index (G joint actions),
-   ``cross`` takes every combination (G^n);
-3. each joint action is scored by the task (one joint reward per node, :class:`CoopTask.reward`), which
-   may also return feedback (test results, a critique): the *external transition* each agent sees at the
-   next turn;
-4. a child is expanded again until ``multi_agent.cooperation.num_turns`` turns or until its reward
-   reaches ``termination_threshold`` (early termination).
-
-Rows: one per (node, agent): prompt = that agent's history (task prompt, its earlier completions and the
-feedback), response = its completion at the node, all tokens its own (mask 1). ``extra_fields``:
-
-* ``"magrpo"``: ``{"node_id", "parent_node_id", "turn"}`` (node ids unique within the task; ``""`` is the
-  roots' parent), the fields of docs/algorithms.md that ``magrpo_row_advantage`` reads;
-* ``"mgrpo"``: ``{"agent", "traj_id", "parent_traj_id": "", "score": joint reward, ...}``: every row is a
-  root of the M-GRPO hierarchy, so the per-agent trainer gives each model its own agent's rows;
-* ``"reward_extra_info"``: the task's reward components of the node, ``reward/errors`` (1.0 when the
-  node's reward failed, see below), plus ``acc``: the mean joint reward of the tree's last-turn nodes (what
-  validation reports: for coding, the expected pass rate of one joint sample).
-
-Errors: a generation that fails or times out is the empty completion (scored as such, counted in
-``failed_generations``); a reward that raises, is not finite or exceeds :data:`REWARD_TIMEOUT_S` is 0,
-logged and counted in ``reward/errors`` (model output never ends the loop); configuration errors (unknown
-task, agent, bad settings) raise before generating.
+``CooperativeLoop`` (verl agent loop ``magrpo_coop``) expands one task's whole joint-action tree in one run
+(so verl's ``rollout.n`` is 1): at each node every agent writes G completions on its own model, the task scores
+each joint action and may give feedback for the next turn, and every (node, agent) becomes a row. verl's loops
+generate one trajectory per sample. The steps, the rows' fields and the errors: ``docs/magrpo.md``, "The
+cooperative rollout".
 """
 
 from __future__ import annotations
@@ -82,7 +58,7 @@ class _Node:
 
 @register(AGENT_LOOP_NAME)
 class CooperativeLoop(AgentLoopBase):
-    """MAGRPO's cooperative rollout (see the module docstring)."""
+    """MAGRPO's cooperative rollout (``docs/magrpo.md``, "The cooperative rollout")."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
