@@ -1,35 +1,9 @@
 """Evaluation metrics of MAGRPO's coding collaboration: pass@k, acc@k, coop@k (pure numpy functions).
 
-In the coding task of the MAGRPO paper (arXiv:2508.04652) an auxiliary agent writes a helper ``aux`` and
-the main agent writes the entry function, which may call it; each problem gets ``n`` joint samples (one
-``aux`` + one main function each), run against the problem's tests. Per sample we know whether it passed
-every test (``passed``), the fraction of tests it passed (``test_fraction``) and whether it cooperated
-(``cooperated``: the main function calls ``aux`` and uses its result). The per-problem values below are
-averaged over problems to give the benchmark numbers.
-
-Definitions (P problems, n samples each, 1 <= k <= n):
-
-- ``pass@k`` (Chen et al. 2021, unbiased): with ``c`` passing samples out of ``n``,
-  ``pass@k = 1 - C(n-c, k) / C(n, k)``, the probability that a uniformly random k-subset of the n samples
-  holds a passing one (:func:`pass_at_k`).
-- ``acc@k``: the test-pass fraction of the best of k samples, ``max_{i<k} test_fraction_i`` over the
-  first k samples (``subset="first"``), or its expectation over uniformly random k-subsets
-  (``subset="all"``, the pass@k-style unbiased estimator) (:func:`acc_at_k`).
-- ``coop@k``: whether at least one of k samples both passes every test and cooperates,
-  ``any_{i<k} (passed_i and cooperated_i)`` over the first k (``subset="first"``), or
-  ``pass@k`` with ``c`` = number of passing-and-cooperating samples (``subset="all"``) (:func:`coop_at_k`).
-
-Where the paper is ambiguous. The paper names the metrics but, in the text we could consult, gives no
-formula for acc@k and coop@k, nor says whether pass@k is Chen et al.'s estimator. The authors' public
-evaluation scripts (repository LLM_Collab_Code_Generation, ``baselines/he_ours.py``) compute, over the
-*first* k samples of each problem: "PassOrNot@k" (any of them passes all tests, i.e. not the unbiased
-estimator), "Accuracy@k" (the best passed-test fraction, as ``acc@k`` here) and "MaxCoop@k" (the best
-*graded* cooperation bonus: +0.5 for calling ``aux``, +1 if the main function is not a mere wrapper,
--0.5 if the call's result is ignored, given only to samples passing at least one test). We report pass@k
-with the unbiased estimator, acc@k as the authors do, and coop@k as a
-binary "passes and cooperates" rate, so that it is a probability comparable with pass@k; a graded
-cooperation score is the caller's to threshold into ``cooperated``. ``subset="all"`` removes the
-dependence on sample order for acc@k and coop@k.
+``pass@k`` is Chen et al.'s unbiased estimator, ``acc@k`` the best test-pass fraction (as the paper's authors
+compute it), ``coop@k`` a binary passes-and-cooperates rate (the authors grade cooperation), each over the
+first k samples or every k-subset (``subset="all"``). The definitions, and where and why they differ from the
+authors' scripts: ``docs/magrpo.md``, "Coding metrics".
 """
 
 from __future__ import annotations
