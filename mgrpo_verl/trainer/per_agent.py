@@ -1,32 +1,10 @@
 """``trainer.v1.trainer_mode=multi_agent``: verl's v1 trainer with one model per agent (M-GRPO, MAGRPO).
 
-The two sides of decoupled M-GRPO subclass it under trainer modes of their own
-(:mod:`mgrpo_verl.trainer.decoupled`); :data:`~mgrpo_verl.config.schema.TRAINER_MODES` maps
-``multi_agent.decoupled.role`` to the mode, which ``mgrpo_verl.main_ppo`` sets before Ray starts.
-
-What differs from verl's synchronous trainer (``PPOTrainerSync``), and nothing else:
-
-- **setup**: a hybrid actor/ref/rollout worker group, set of rollout servers and checkpoint engine per
-  model-owning agent (``agents.py``), each in a resource pool of its own or all in one
-  (``multi_agent.placement: shared``: several agents on one GPU), after a memory pre-flight
-  (``memory.py``); and an LLM client that routes each agent's generations to its own servers
-  (``MultiAgentLLMClient``); LoRA agents on one base model share the first one's rollout engine, each
-  with its own adapter (``lora.py``, docs/lora.md);
-- **step** (:meth:`MultiAgentTrainer._step_once`, below): sample every agent's rows → M-GRPO advantages
-  on the real rows → trajectory alignment (``D_max``) → for each trainable model, verl's own old-log-prob /
-  reference / actor-update methods on that model's rows only; then weight sync per model (``on_step_end``);
-- **checkpoints**: ``global_step_N/agents/<name>/actor`` per trainable model, plus verl's ``data.pt``;
-- **metrics**: verl's global metrics, plus ``agent/<name>/...`` and ``mgrpo/align/<sub>/...``; a trainable model
-  without rows in a step trains nothing (``agent/<name>/skipped`` 1.0, else 0.0), and from its third such step in a
-  row a warning naming it is printed every step (``rowless.py``);
-- **rollout dumps** (``trainer.rollout_data_dir`` / ``trainer.validation_data_dir``): every real row with its
-  agent, trajectory, parent, turns, tool calls, score, advantage and alignment fate (``rollout_log.py``,
-  docs/rollouts.md), instead of verl's training dump and beside its validation dump.
-
-The step calls verl's methods (``_balance_batch``, ``_compute_old_log_prob``, ``_compute_ref_log_prob``,
-``_update_actor``) unchanged, once per model, on an :class:`AgentView` of the trainer, which points the
-attributes those methods read (worker group, config, tokenizer, reference flag) at that model; models
-on disjoint resource pools update concurrently, one thread each (``multi_agent.concurrent_updates``).
+Unlike verl's ``PPOTrainerSync`` it builds a worker group, rollout servers and checkpoint engine per
+model-owning agent, computes the advantages on every agent's real rows together, aligns them (``D_max``) and
+runs verl's own update methods once per model on an :class:`AgentView`; checkpoints, metrics and rollout dumps
+are per agent. The full list of differences: ``docs/multi_agent.md``, "What differs from verl's synchronous
+trainer"; the decoupled sides subclass it (:mod:`mgrpo_verl.trainer.decoupled`).
 """
 
 from __future__ import annotations
@@ -94,7 +72,8 @@ logger = logging.getLogger(__name__)
 
 @register_trainer(TRAINER_MODES[None])
 class MultiAgentTrainer(PPOTrainer):
-    """verl's synchronous PPO trainer, one model per agent (see the module docstring)."""
+    """verl's synchronous PPO trainer, one model per agent (``docs/multi_agent.md``, "What differs from verl's
+    synchronous trainer")."""
 
     #: The ``multi_agent.decoupled.role`` this class runs (null: one process trains every agent).
     ROLE: str | None = None
