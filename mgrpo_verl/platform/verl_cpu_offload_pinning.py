@@ -1,22 +1,10 @@
 """Patch ``verl-0.9.1-fsdp2-pinned-offload``: let verl build FSDP2 reference (forward-only) engines on CPU.
 
-Documented in ``patches/README.md``. Upstream problem (verl 0.9.1,
-``verl/workers/engine/fsdp/transformer_impl.py``, ``FSDPEngine._build_fsdp_module``)::
-
-    if self.engine_config.offload_policy or self.engine_config.forward_only:
-        ...
-        offload_policy = CPUOffloadPolicy(pin_memory=True)
-
-Every forward-only engine (the reference policy, used for the KL loss) offloads its parameters to host
-memory with *pinned* pages. Pinning needs an accelerator; on a CPU-only machine torch raises
-``RuntimeError: Cannot access accelerator device when none is available`` and the reference worker dies.
-No extension point reaches the literal ``pin_memory=True``. The fix replaces the name
-``CPUOffloadPolicy`` in that one module by a subclass whose ``pin_memory`` is always False; offloading
-to CPU memory that is not pinned is what "offload" means on a CPU, and ``isinstance`` checks against
-torch's class still hold.
-
-Applied, like the process-group patch, only when the CPU platform is active, right after verl's FSDP
-engine module is imported; guarded by the verl version and the recorded hash of the method's source.
+verl 0.9.1's ``FSDPEngine._build_fsdp_module`` offloads every forward-only engine (the reference policy) with
+``CPUOffloadPolicy(pin_memory=True)``, and pinning needs an accelerator; in that one module the name is
+replaced by a subclass that never pins. Applied only when the CPU platform is active, right after verl's FSDP
+engine module is imported; guarded by verl's version and the method's recorded source hash. Symptom, cause,
+fix, tests and upstream: ``patches/README.md``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """Patch ``verl-0.9.1-cpu-process-group``: let verl create its global process group on a CPU-only platform.
 
-Documented in ``patches/README.md`` (reason, upstream references, recorded source hashes); this module is
-the code, kept inside the installed package because Ray workers must import it (``patches/`` is not
-shipped).
-
-Upstream problem (verl 0.9.1, ``verl/utils/distributed.py``)::
-
-    backend = f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"
-
-With device ``cpu`` this is ``"cpu:gloo,cpu:gloo"`` and ``torch.distributed.init_process_group`` raises
-``ValueError: Duplicate device type cpu in backend string``. Both ``initialize_global_process_group``
-(torchrun / SFT path) and ``initialize_global_process_group_ray`` (every Ray training worker,
-``verl/workers/engine_workers.py``) build that string. The fix is to use ``cpu:<backend>`` when the device
-itself is ``cpu``, and nothing else changes: on any other device the original functions run untouched. On
-``cpu`` with a loopback ``MASTER_ADDR`` (a CPU run's Ray session), the Ray workers' group store listens on
-``MASTER_ADDR`` only (:func:`loopback_store`): torch's ``env://`` store binds every interface (issue 29).
-
-Guards:
-
-- applies only to ``verl==0.9.1`` (:data:`VERL_VERSION`); any other version is refused with a warning
-  (or :class:`VerlPatchError` when ``strict=True``);
-- the source of each patched function must hash to the value recorded from 0.9.1
-  (:data:`RECORDED_SOURCE_SHA256`), otherwise it is refused the same way; the test
-  ``tests/platform/test_verl_patch.py`` fails whenever upstream changes them, so the patch is reviewed
-  (and, once upstream fixes the bug, deleted).
+verl 0.9.1 builds the backend string ``cpu:gloo,{device}:{backend}``, which names ``cpu`` twice on a CPU
+(``Duplicate device type cpu``); the wrappers use ``cpu:<backend>`` there, serve the Ray workers' group store on
+a loopback ``MASTER_ADDR`` only (:func:`loopback_store`), and run verl's functions untouched on any other
+device. Guarded by verl's version and the recorded hashes of the patched sources. The code lives in the package
+because Ray workers import it (``patches/`` is not shipped). Symptom, cause, fix, guards, upstream references
+and removal: ``patches/README.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Patch ``vllm-cpu-linear-weights``: let verl reload weights into a vLLM engine running on CPU.
 
-Documented in ``patches/README.md``. Upstream problem (vLLM 0.28.0 and 0.31.0, CPU build,
-``vllm/model_executor/layers/linear.py``, ``UnquantizedLinearMethod.process_weights_after_loading``): on
-the CPU platform every linear layer's weight is packed for oneDNN / sgl-kernel after loading and the
-``weight`` parameter is replaced by an empty one (``dispatch_cpu_unquantized_gemm(layer,
-remove_weight=True)``). verl's weight sync calls ``model.load_weights`` on the live engine after every
-update; with the weights gone it dies in ``load_weights`` (``'Parameter' object has no attribute
-'weight_loader'``) and the trainer waits for the sync forever. The patched method does on CPU what vLLM
-0.31 itself does for a layer it exempts from packing (``_cpu_skip_gemm_dispatch``, MLA's ``kv_b_proj``):
-keep the weight and compute with ``torch.nn.functional.linear``. The cost is ``F.linear`` instead of the
-packed GEMM; other platforms run vLLM's method unchanged.
-
-Loaded by vLLM itself in every vLLM process (our ``vllm.general_plugins`` entry point), applied only on
-the CPU platform and only when ``MGRPO_VLLM_CPU_RELOADABLE=1`` (set by ``mgrpo_verl.main_ppo`` for its
-Ray workers on CPU), so other uses of vLLM in the same environment keep the packed GEMM. Guarded by the
-vLLM version and the recorded hash of the method's source; refused with a warning otherwise.
+vLLM's CPU build (0.28.0, 0.31.0) packs every linear layer's weight after loading and drops the ``weight``
+parameter, so verl's weight sync (``model.load_weights`` after every update) dies; the patched method keeps the
+weight and computes with ``F.linear``, as vLLM does for the layers it exempts from packing. Loaded by vLLM in
+each of its processes, applied only on its CPU platform with ``MGRPO_VLLM_CPU_RELOADABLE=1``; guarded by vLLM's
+version and the method's recorded source hash. Symptom, cause, cost and guards: ``patches/README.md``.
 """
 
 from __future__ import annotations
