@@ -1,27 +1,9 @@
 """Delegation calls across trainer processes (decoupled M-GRPO): the wire format and the main side's client.
 
-In decoupled mode (``multi_agent.decoupled.role``) a sub-agent's model lives in another
-``python -m mgrpo_verl.main_ppo`` process, the *sub side*, which generates with it, keeps the rows it
-produced (tokens never leave it) and trains on them. The main side's agent loops reach it through a
-:class:`RemoteSubAgent`, one per sub-agent, which is what ``MultiAgentLLMClient.for_agent(sub)``
-returns there.
-
-HTTP endpoints of a sub side (:mod:`mgrpo_verl.agent_loops.sub_service`), JSON bodies, each only for a caller
-that presents the shared secret (``Authorization: Bearer <secret>``, :func:`shared_secret`; 401 otherwise):
-
-* ``GET /health`` -> ``{"agent", "policy_version", "pending_rows", "validating"}``;
-* ``POST /v1/sub_call`` :class:`SubCallRequest` -> :class:`SubCallReply`; an error answers with a
-  non-2xx status and ``{"error": message}``;
-* ``POST /v1/mode`` ``{"validating": bool}``: the main side brackets its validation with it, so that
-  the sub side samples with its validation settings and keeps no row of those calls;
-  ``{"main_finished_at": step}``: the main side ran its last step.
-
-Only text and ids cross: the request carries the chat messages (the sub side applies its own chat
-template) and what the sub-agent's local reward needs (``ground_truth``); the reply carries the text the
-main agent sees.
-
-The secret travels in plain HTTP: across machines, put the service behind a tunnel or TLS (docs/decoupled.md,
-docs/security.md "Network exposure").
+A sub-agent's model lives in another trainer process, the sub side; :class:`RemoteSubAgent` (what
+``MultiAgentLLMClient.for_agent(sub)`` returns on the main side) reaches it over HTTP with the shared secret.
+Only text and ids cross, never tokens; verl has no such call. The endpoints, the bodies and the secret:
+``docs/decoupled.md``, "The wire between the sides".
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The sub side's delegation service (decoupled M-GRPO): it serves one sub-agent's model to the main side.
 
-:class:`SubAgentService` is verl's TransferQueue agent-loop worker (``AgentLoopWorkerTQ``) with an HTTP
-front (``aiohttp``, endpoints in :mod:`mgrpo_verl.agent_loops.remote_sub`). Each call runs the registered
-agent loop the request names (e.g. ``mgrpo_relay_sub``) on this process's own rollout servers, through
-verl's own ``_run_agent_loop``, so the row lands in this cluster's TransferQueue exactly as a
-synchronous rollout's row would (``{uid}_{session}_{index}`` keys, verl's fields and tags). The
-service keeps a list of those *pending* rows for the trainer (:class:`~mgrpo_verl.trainer.decoupled.
-DecoupledSubTrainer`), which takes them once their parents' main scores are in the store.
-
-Gate: the trainer closes it (:meth:`SubAgentService.pause`) before its replicas sleep for the update and
-opens it (:meth:`SubAgentService.resume`) after the weight sync; calls that arrive in between wait
-(the main side's ``delegation.timeout_s`` bounds the wait). While the main side validates
-(``POST /v1/mode``), calls sample with the validation settings and keep no row.
-
-Closed to strangers (docs/security.md "Network exposure"): every request must present the secret the two sides
-share (``Authorization: Bearer``, compared in constant time; 401 before the body is read), and at most
-``max_inflight`` calls are admitted at once, waiting at the gate included (503 beyond): each call is a real
-generation and a training row, and ``/v1/mode`` stops or starves the sub side's training.
+:class:`SubAgentService` is verl's TransferQueue agent-loop worker (``AgentLoopWorkerTQ``) with an HTTP front:
+each call runs the agent loop the request names through verl's own ``_run_agent_loop``, so its row lands in
+this side's TransferQueue as a synchronous row would, pending until its parent's record is in the store. A gate
+holds calls during the update; a shared secret and an admission bound close it to strangers:
+``docs/decoupled.md``, "The wire between the sides".
 """
 
 from __future__ import annotations
@@ -61,7 +49,7 @@ class PendingRow:
 
 
 class SubAgentService(AgentLoopWorkerTQ.__ray_actor_class__):
-    """verl's agent-loop worker serving delegation calls over HTTP (see the module docstring).
+    """verl's agent-loop worker serving delegation calls over HTTP (``docs/decoupled.md``).
 
     Args:
         config: the served model's full trainer config (its ``actor_rollout_ref`` and ``multi_agent``).
