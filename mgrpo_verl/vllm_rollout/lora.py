@@ -1,25 +1,10 @@
-"""Several agents' LoRA adapters in one vLLM engine: vLLM's multi-LoRA inside verl's vLLM rollout (docs/lora.md).
+"""Several agents' LoRA adapters in one vLLM engine: vLLM's multi-LoRA inside verl's vLLM rollout.
 
-Differs from verl, whose vLLM server serves one adapter per engine: it starts vLLM with ``max_loras=1``, its
-worker extension replaces the adapter under the constant id ``VLLM_LORA_INT_ID`` at every sync, and every request
-is generated with that one adapter. Here the LoRA agents on one base (:func:`~mgrpo_verl.config.lora.adapter_hosts`)
-share one engine, hosted by the first of them:
-
-* the engine starts with ``max_loras`` = the agents on it and ``max_lora_rank`` = the largest of their ranks
-  (:class:`AgentLoRAvLLMHttpServer`);
-* each agent's adapter lives under its own id; a sync replaces that agent's adapter only
-  (:class:`AgentLoRAServerAdapter` names it, :class:`AgentLoRAWorkerExtension` loads it);
-* each request names its agent (``lora_name``, sent by :class:`~mgrpo_verl.hf_rollout.adapters.AdapterLLMServerClient`)
-  and is generated with that agent's adapter only; a request naming no agent, an unknown one, or one whose
-  adapter has not been synced yet is refused;
-* a guest agent (not the host) syncs into the host's engine (its replicas carry the host's rank offset) and skips
-  verl's base sync: the host's base sync loaded the base that every agent on it trains frozen.
-
-The table that drives it is ``actor_rollout_ref.rollout.custom.mgrpo_vllm_adapters`` (:data:`ADAPTERS_KEY`), set
-per agent by the multi-agent trainer from :func:`~mgrpo_verl.config.lora.shared_vllm_adapters`. The classes are
-subclasses of verl's own (server, replica, in-worker adapter, vLLM worker extension), picked by
-``AgentLLMServerManager`` and ``AgentActorRolloutRefWorker`` when the table is present; nothing of verl is patched.
-Importing this module imports vLLM.
+verl's vLLM server serves one adapter per engine (``max_loras=1``, one constant id replaced at every sync);
+here the LoRA agents on one base share the first one's engine, each adapter under its own id, each request
+generated with the adapter of the agent it names (and refused when it names none, an unknown one or one not
+synced yet). Subclasses of verl's server, replica, in-worker adapter and vLLM worker extension, nothing
+patched; importing this module imports vLLM. How, and the table that drives it: ``docs/lora.md``, "What runs".
 """
 
 from __future__ import annotations
