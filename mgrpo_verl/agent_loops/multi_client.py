@@ -1,23 +1,9 @@
 """One LLM client for several agents, each with its own model and rollout servers.
 
-verl hands a single ``LLMServerClient`` to every agent loop (``AgentLoopWorker`` keeps it as
-``llm_client`` and passes it to each loop as ``server_manager``). With one model per agent the trainer
-gives it a :class:`MultiAgentLLMClient` instead:
-
-* it *is* an ``LLMServerClient`` built from the main agent's own constructor arguments (its config and
-  load balancer), so ``generate(...)``, which verl's stock loops (``single_turn_agent``, ``tool_agent``)
-  call, goes to the main agent's servers exactly as a plain client of the main agent would;
-* ``for_agent(name)`` returns the client of any agent, which our delegation loops use to route a
-  sub-agent's generations to that sub-agent's own servers.
-
-``generate`` is the main agent's own client's: what that client adds reaches the main agent's requests too
-(a LoRA agent on a shared engine names its adapter, ``AdapterLLMServerClient``; verl's
-``FullyAsyncLLMServerClient`` retries while the balancer is empty). Until 2026-11-26 it was the base class's
-``generate`` with the main client's config, so the main agent's requests on a shared LoRA engine named no
-adapter and the HF engine generated them with the bare base.
-
-Picklable (it is shipped to the Ray agent-loop workers): it holds only the clients (each a config and a
-Ray actor handle, which verl already ships) and the main agent's name.
+verl hands one ``LLMServerClient`` to every agent loop; :class:`MultiAgentLLMClient` is the main agent's own
+client (so verl's stock loops reach the main model unchanged) plus ``for_agent(name)``, which our delegation
+loops use to reach a sub-agent's servers. Picklable. Details and history: ``docs/multi_agent.md``, "One runtime
+per agent".
 """
 
 from __future__ import annotations

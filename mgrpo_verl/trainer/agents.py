@@ -1,25 +1,9 @@
 """One model per agent: the Ray pieces verl builds once for its single policy, built once per agent.
 
-For every agent that owns a model (``multi_agent.agents.<name>``, ``share_model_with: null``) the
-trainer gets an :class:`AgentRuntime`: its full config, its resource pool, its hybrid actor + reference
-+ rollout worker group, its rollout servers (``LLMServerManager``) and its checkpoint engine (weight
-sync from its actor to its servers). Nothing here touches training data; the step lives in
-``per_agent.py``.
-
-Why the two small subclasses below exist: verl names a rollout server actor by its replica rank only
-(``<backend>_server_<rank>_<node>``), and both the replica object and the rollout adapter inside the
-worker derive that rank from the worker group (ranks start at 0 in every group). Two agents would both
-own "replica 0" and their servers' names would clash. Each agent's replicas therefore get a rank offset
-(the number of replicas of the agents before it): :class:`AgentLLMServerManager` passes verl's own
-``start_rank`` and slices the agent's worker group with the local rank, and
-:class:`AgentActorRolloutRefWorker` rebuilds the adapter with verl's ``replica_rank`` argument set to
-``offset + r`` (:func:`offset_rollout_adapter`), so server and adapter agree on everything verl derives
-from that rank: ``<backend>_server_<offset + r>_0`` and, for vLLM, the weight-sync socket that verl names
-from the Ray job id, the replica rank ``offset + r`` and the local rank, and that the vLLM worker opens
-from ``VERL_REPLICA_RANK`` (verl's ``ServerAdapter`` / ``_get_zmq_handle``).
-
-Also here: :func:`with_agent_vllm_tokenizer` (each agent's vLLM server loads the agent's own tokenizer) and
-:func:`side_replica_offsets` (decoupled sides on one host number their replicas apart).
+:class:`AgentRuntime` holds an agent's config, resource pool, worker group, rollout servers and checkpoint
+engine. verl names rollout servers by replica rank, which starts at 0 in every worker group, so two small
+subclasses (:class:`AgentLLMServerManager`, :class:`AgentActorRolloutRefWorker`) give each agent's replicas a
+rank offset. Why, and what the offset must reach: ``docs/multi_agent.md``, "One runtime per agent".
 """
 
 from __future__ import annotations
