@@ -1,25 +1,8 @@
 """OmegaConf resolvers used by our YAML, so that one file serves CPU and GPU machines.
 
-Each resolver is a pure function of its arguments and of what the machine has; none mutates the config or
-trains anything (the built-in tiny models and task files they name are written once, in seconds).
-They are registered by :func:`register_resolvers` before Hydra composes the config, and the driver
-resolves the config once before Ray starts (so Ray workers never need them).
-
-- ``mgrpo_device:<mode>``: ``cpu`` when mode is ``cpu``, or ``auto`` and the CPU platform is active; else
-  verl's device (``cuda``);
-- ``mgrpo_if_cpu:<mode>,<a>,<b>``: ``a`` on CPU, ``b`` otherwise (rollout ``hf`` / ``vllm``, remove-padding
-  ``false`` / ``true``, Ray's logical CPUs and GPUs / ``null`` = detect);
-- ``mgrpo_attn:<mode>``: Hugging Face attention: ``sdpa`` on CPU; on accelerators ``flash_attention_2`` when
-  ``flash_attn`` imports, else ``sdpa`` (logged once);
-- ``mgrpo_task_file:<task>,<split>``: path of a built-in task's parquet file (written once into the cache);
-- ``mgrpo_model:<name>``: directory of a built-in model (built once into the cache);
-- ``mgrpo_tokenizer:<name>,<model path>``: the built-in model's tokenizer directory when ``model path`` is
-  that model, else ``null`` (verl then uses the model's own);
-- ``mgrpo_config_file:<relative path>``: absolute path of a file shipped in ``mgrpo_verl/config/``;
-- ``mgrpo_warmstart:<agent>,<settings>``: directory of ``agent``'s checkpoint in the warm start that
-  ``settings`` (``mgrpo_verl.warmstart``: ``task`` and :class:`mgrpo_verl.warmstart.WarmStartSpec` /
-  ``SFTSettings`` fields, null meaning the default) names; a path only: the launcher's warm-start stage builds
-  it (:mod:`mgrpo_verl.launcher.warm_start`).
+Pure functions of their arguments and of the machine (device, rollout, attention, built-in models and task
+files, shipped config files, the warm start's path), registered by :func:`register_resolvers` before Hydra
+composes the config; none trains anything. Each resolver: ``docs/cpu.md``, "The resolvers".
 """
 
 from __future__ import annotations

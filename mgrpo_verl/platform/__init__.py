@@ -1,23 +1,9 @@
 """Run verl's real trainer on CPU through verl's own extension points (design: docs/cpu.md).
 
-:func:`register_cpu_platform` (called by :mod:`mgrpo_verl.plugin`, i.e. on ``import verl`` in every
-process) does, in this order:
-
-1. registers :class:`CpuPlatform` as ``cpu`` in verl's ``PlatformRegistry`` (always: it only wins verl's
-   platform detection when no accelerator platform is available, or when asked for explicitly);
-2. honours ``MGRPO_VERL_DEVICE=cpu`` by setting ``VERL_PLATFORM=cpu`` (verl's switch) when unset;
-3. only when the CPU platform is the one this process will use:
-
-   - registers verl's FSDP engines for device ``cpu`` (:mod:`.engines`; done when verl's FSDP engine
-     module is imported, which also applies the patch ``verl-0.9.1-fsdp2-pinned-offload``);
-   - applies the patch ``verl-0.9.1-cpu-process-group`` (:mod:`.verl_cpu_process_group`). Every patch, the
-     vLLM one included (``vllm-cpu-linear-weights``, applied in vLLM's own processes), is documented in
-     ``patches/README.md``.
-
-On a machine with CUDA (or NPU/ROCm) and no explicit request nothing but step 1 happens, and verl
-resolves its own platform exactly as without us.
-
-:func:`ray_cpu_session` starts and stops a private local Ray for CPU runs.
+:func:`register_cpu_platform` (on ``import verl`` in every process, through our plugin) registers
+:class:`CpuPlatform` in verl's ``PlatformRegistry`` and, only when the CPU platform is the one this process
+uses, verl's FSDP engines for ``cpu`` and the CPU patches; on an accelerator verl resolves its own platform as
+without us. :func:`ray_cpu_session` starts and stops a private local Ray. The steps in order: ``docs/cpu.md``.
 """
 
 from __future__ import annotations
