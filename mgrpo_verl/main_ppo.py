@@ -1,24 +1,9 @@
 """``python -m mgrpo_verl.main_ppo [hydra overrides]``: verl's v1 trainer with our config and CPU support.
 
-What differs from ``python -m verl.trainer.main_ppo`` (:func:`run` numbers the stages):
-
-1. the config is ``mgrpo_verl/config/mgrpo_trainer.yaml`` (verl's ``ppo_trainer`` + ``mgrpo_verl:`` +
-   ``multi_agent:``: M-GRPO with one model per agent, our ``multi_agent`` trainer, or the decoupled side that
-   ``multi_agent.decoupled.role`` names; ``--config-name single_agent`` is verl's own GRPO trainer with one
-   model), resolved once here (the built-in models and data are written on first use);
-2. before Ray starts: relative user-hook paths made absolute against the launch directory
-   (:mod:`mgrpo_verl.launcher.hooks`), the run's plan (:mod:`mgrpo_verl.config.plan`), every check that can refuse
-   the config (:mod:`mgrpo_verl.launcher.preflight`; user hooks are imported there), then the warm start the
-   config names, built when not cached (:mod:`mgrpo_verl.launcher.warm_start`);
-3. on the CPU platform Ray runs in a private temporary directory, with token authentication (the token
-   in that directory, not the user's home) and on loopback only, with enough logical CPUs, and every Ray
-   worker selects the CPU platform; Ray is shut down on success, on error and on Ctrl-C;
-4. a line per training step while it runs (:mod:`mgrpo_verl.launcher.step_progress`), and one summary line at the
-   end, both read from the per-step metrics file; the summary names every trainable agent that got no rows in
-   some steps (``agent/<name>/skipped``: it did not train then).
-
-Everything else (Ray single controller, TransferQueue, agent loop, FSDP2 workers, reward loop, weight
-sync, validation, checkpoints) is verl's own.
+Unlike ``python -m verl.trainer.main_ppo`` (:func:`run` numbers the stages): our config, resolved and planned
+once; every check that can refuse it, then the warm start it names, before Ray starts; on CPU a private,
+closed Ray session; a line per step and a summary. The rest is verl's own. The stages and what each does:
+``docs/architecture.md``, "From the config to the step".
 """
 
 from __future__ import annotations
