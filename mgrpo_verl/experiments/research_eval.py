@@ -11,24 +11,10 @@ systems to compare, joint M-GRPO and its baselines: ``recipes/research_baselines
         [-- extra Hydra overrides, e.g. the GPU recipe's]
     python -m mgrpo_verl.experiments.research_eval report --runs runs/research_eval --out docs/results
 
-``run`` evaluates each system with the real trainer: ``python -m mgrpo_verl.main_ppo research=<preset>``
-(``--preset cpu``, the default, or ``gpu``: ``mgrpo_verl/config/research/``) with ``trainer.val_only=true``,
-the system's checkpoint (``trainer.resume_mode=resume_path``; ``untrained`` for the initial models), its variant's
-overrides (``joint``, ``frozen``,
-``single``: :data:`mgrpo_verl.experiments.baselines.VARIANTS`; the name before ``=`` picks the variant
-when it is one of those, ``NAME:VARIANT=PATH`` otherwise) and every benchmark as ``data.val_files``.
-verl's validation runs the same multi-agent rollout as training (per-agent servers, tools, delegation)
-and dumps every query (``trainer.validation_data_dir``) with the loop's per-query statistics
-(:class:`mgrpo_verl.agent_loops.common.QueryStats`). Benchmarks are parquet files in the research layout
-(``mgrpo_verl.envs.research.loaders`` converts GAIA, XBench-DeepSearch and WebWalkerQA files; ``builtin``
-is the built-in multi-hop questions' validation split); the table names each by its rows' source.
-
-``report`` reads the dumps back, one record per query, rescoring the main agent's final answer against
-the accepted answers with exact match and token F1 (``--judge`` adds an LLM judge's accuracy through the
-OpenAI-compatible endpoint named by ``MGRPO_JUDGE_*``, see :mod:`mgrpo_verl.envs.research.rewards`), and
-writes ``research_eval.md`` (accuracy per benchmark and level, per system; per-agent statistics: calls per
-query, failed calls, tool calls per query by tool, tokens per query of each agent) and
-``research_eval.json``.
+``run`` evaluates each system with the real trainer (``main_ppo research=<preset> trainer.val_only=true``, the
+system's checkpoint and variant, every benchmark as ``data.val_files``): verl's validation runs the training
+rollout and dumps every query with its statistics; ``report`` rescores the final answers (exact match, F1, an
+optional LLM judge) into ``research_eval.md`` / ``.json``. Details: ``docs/research.md``, "Evaluation".
 """
 
 from __future__ import annotations
