@@ -1,21 +1,10 @@
 """verl tools of the deep-research environment.
 
-* :class:`SearchTool` (``search``) and :class:`VisitTool` (``visit``): the sub-agent's tools over the offline
-  corpus (:mod:`.corpus`); config ``mgrpo_verl/config/tools/research_sub_tools.yaml``.
-* :class:`ReasonTool` (``reason``): the main agent's think step; ``research_main_tools.yaml``.
-* :class:`WebSearchTool` (``web_search``): an adapter for a real web-search HTTP API (SearXNG or Serper),
-  off by default: only the opt-in example ``research_web_tools.yaml`` names it.
-
-All are verl "native" tools (``BaseTool``): verl's ``ToolAgentLoop`` calls ``create`` / ``execute`` /
-``release`` once per tool call, with the call's JSON arguments (a dict) as ``parameters``. Each class has a
-default ``OpenAIFunctionToolSchema`` used when the YAML gives none.
-
-Why errors are observations: a policy model writes malformed calls all the time (a number as a string, an
-empty query, a title it made up). Raising would end the call with verl's generic "Error executing tool"
-text; instead ``execute`` never raises on bad input and answers ``<error: ...>`` saying what was wrong and
-what to do next (e.g. the titles an unknown title probably meant), with reward 0.0 and info
-``{"error": True}``. Configuration mistakes (a YAML typo, a missing API key) are the operator's and raise
-``ValueError`` when the tool is built, before any rollout.
+:class:`SearchTool` (``search``) and :class:`VisitTool` (``visit``): the sub-agent's tools over the offline
+corpus; :class:`ReasonTool` (``reason``): the main agent's think step; :class:`WebSearchTool` (``web_search``):
+a real web-search API adapter, off by default. verl ``BaseTool`` subclasses; unlike verl's tools, bad input is
+never raised but answered with an ``<error: ...>`` observation the model can act on. Configs, and why:
+``docs/research.md``, "The pieces" and "Two rollouts, one task".
 """
 
 from __future__ import annotations
