@@ -1,21 +1,9 @@
 """``mgrpo`` and ``magrpo`` in verl's advantage-estimator registry (``algorithm.adv_estimator=...``).
 
-What the registry path can see: verl's ``compute_advantage`` calls a registered estimator with only
-``token_level_rewards``, ``response_mask``, ``config`` (verl's ``AlgoConfig``) and ``index`` (the
-``uid`` column). No agent name, ``traj_id``, ``parent_traj_id`` or tree field reaches it
-(verl 0.9.1; upstream PR #7473 would pass the batch). So on this path:
-
-- ``mgrpo`` is M-GRPO with every row treated as a main row of one agent: plain GRPO over ``uid``
-  groups (identical to verl's ``grpo``), with no hierarchical credit and no per-agent groups;
-- ``magrpo`` is single-turn MAGRPO with the ``mean`` baseline and no std division: every row is a
-  root node and its ``uid`` group are its siblings. Because all agents' rows at a node carry the same
-  joint reward, the mean over rows equals the mean over nodes, so this is exact for one turn.
-
-The full estimators (:func:`mgrpo_verl.compute_mgrpo_advantage`,
-:func:`mgrpo_verl.compute_magrpo_advantage`) read the whole ``DataProto``; our trainer's advantage step
-does not go through this registry: it runs the same pure functions on its row table
-(:func:`mgrpo_verl.trainer.rows.scalar_advantages`). A warning is logged once per process when
-the reduced path runs, so nobody mistakes it for the full algorithm.
+verl's ``compute_advantage`` hands a registered estimator only the token rewards, the response mask, the
+config and ``uid``: no agent or tree field. So here ``mgrpo`` is plain GRPO over ``uid`` groups and ``magrpo``
+single-turn MAGRPO (exact for one turn), each logging a warning once; our trainer does not use this path. Why
+and what each reduces to: ``docs/architecture.md``, "What the registry path sees".
 """
 
 from __future__ import annotations
