@@ -53,6 +53,7 @@ class Progress:
         self.first: Optional[tuple[float, int]] = None  # (time, done) of the first update
         self.done, self.fields = 0, {}
         self.last_print: Optional[float] = None
+        self.printed: Optional[tuple[int, dict]] = None  # (done, fields) of the last line printed off a terminal
         self.closed = False
 
     def line(self) -> str:
@@ -82,7 +83,7 @@ class Progress:
             self._write("\r" + self.line() + "\x1b[K")
         elif self.last_print is None or now - self.last_print >= self.every_s:
             self._write(self.line() + "\n")
-            self.last_print = now
+            self.last_print, self.printed = now, (self.done, dict(self.fields))
 
     def close(self, **fields: Any) -> None:
         """The final line, always printed (once)."""
@@ -90,7 +91,10 @@ class Progress:
             return
         self.closed = True
         self.fields.update({k: v for k, v in fields.items() if v is not None})
-        self._write(("\r" + self.line() + "\x1b[K\n") if self.live else self.line() + "\n")
+        if self.live:
+            self._write("\r" + self.line() + "\x1b[K\n")
+        elif self.printed != (self.done, self.fields):  # not the line just printed again
+            self._write(self.line() + "\n")
 
     def _write(self, text: str) -> None:
         self.stream.write(text)

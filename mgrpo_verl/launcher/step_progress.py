@@ -61,6 +61,8 @@ class StepWatcher:
                     self.stream.flush()
                 continue
             self.seen_step = True
+            if "held-out exact" in figures:  # measured at validation steps only: shown with its step from then on
+                figures["held-out exact"] = f"{figures['held-out exact']:.3f} (step {step})"
             self.bar.update(step, **figures)
 
 

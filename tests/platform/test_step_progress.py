@@ -44,8 +44,12 @@ def test_a_line_per_step_with_rate_and_eta(tmp_path):
     assert lines[0] == "mgrpo_verl: before training: held-out exact 0.125"
     assert lines[1] == "mgrpo_verl: step 1/3 steps [ 33%]  reward 0.25  elapsed 10s"
     assert lines[2] == "mgrpo_verl: step 2/3 steps [ 66%]  reward 0.5  12.00 s/step  ETA 12s  elapsed 22s"
-    assert lines[3] == "mgrpo_verl: step 3/3 steps [100%]  reward 0.75  held-out exact 1  6.00 s/step  elapsed 22s"
+    assert lines[3] == "mgrpo_verl: step 3/3 steps [100%]  reward 0.75  held-out exact 1.000 (step 3)  6.00 s/step  elapsed 22s"
     assert len(lines) == 4
+    with open(path, "a") as f:
+        f.write(record(4, **{TRAIN_REWARD: 0.5}))
+    watcher.poll()  # no validation at step 4: the last held-out figure keeps its step
+    assert "held-out exact 1.000 (step 3)" in out.getvalue().splitlines()[-1]
 
 
 def test_watch_steps_says_what_starts_and_reads_the_last_step_on_exit_and_nothing_of_an_earlier_run(tmp_path):

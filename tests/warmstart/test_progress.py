@@ -67,3 +67,12 @@ def test_follower_reads_complete_new_lines_only(tmp_path):
         f.write(b'ss": 6.5}}\n{"step": 2, "data": {"val/loss": 6.0}}\nnot json\n')
     assert logged_steps(follower.new_records()) == [(2, 6.5), (2, None)]  # "not json" skipped
     assert follower.new_records() == []
+
+
+def test_close_does_not_repeat_the_line_just_printed():
+    clock, out = Clock(), io.StringIO()
+    bar = Progress("sft", 2, stream=out, every_s=0.0, clock=clock, live=False)
+    bar.update(1, loss=1.0)
+    bar.update(2, loss=0.5)  # printed: every_s is 0
+    bar.close()
+    assert [line.split("  ")[0] for line in out.getvalue().splitlines()] == ["sft 1/2 steps [ 50%]", "sft 2/2 steps [100%]"]
