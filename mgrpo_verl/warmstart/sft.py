@@ -40,7 +40,7 @@ from mgrpo_verl.progress import JsonlFollower
 class SFTSettings:
     """What one agent's fine-tuning run varies (everything else is fixed by :func:`overrides`)."""
 
-    steps: int = 500
+    steps: int = 250
     batch_size: int = 16
     lr: float = 5e-3
     seed: int = 0
@@ -56,8 +56,10 @@ def overrides(
     out_dir: str | Path,
     settings: SFTSettings,
     device: str = "cpu",
+    max_length: int = 1024,
 ) -> list[str]:
-    """Hydra overrides of verl's ``sft_trainer_engine`` config for one run."""
+    """Hydra overrides of verl's ``sft_trainer_engine`` config for one run. ``max_length``: verl pads every sequence
+    to it on CPU (no remove-padding there), so it is what the step computes on (:func:`fit_max_length`)."""
     cpu = device == "cpu"
     dtype = "fp32" if cpu else "bf16"
     return [
@@ -69,7 +71,7 @@ def overrides(
         f"data.train_batch_size={settings.batch_size}",
         f"data.micro_batch_size_per_gpu={settings.batch_size}",
         "data.use_dynamic_bsz=False",
-        "data.max_length=1024",
+        f"data.max_length={max_length}",
         "data.num_workers=0",
         f"model.path={model_dir}",
         f"model.tokenizer_path={tokenizer_dir}",
@@ -96,6 +98,25 @@ def overrides(
         "trainer.resume_mode=disable",
         "checkpoint.save_contents=[hf_model]",
     ]
+
+
+def fit_max_length(files: list[str | Path], tokenizer_dir: str, multiple: int = 64) -> int:
+    """The longest demonstration of ``files`` in tokens, as verl's SFT dataset tokenises it (our
+    :class:`~mgrpo_verl.warmstart.dataset.JsonToolsSFTDataset`, chat template and tools included), rounded up to
+    ``multiple``: the ``data.max_length`` that wastes no compute on padding. verl's default, 1024, padded the
+    ~420-token ``relay_tools`` demonstrations to 2.4 times their length."""
+    from omegaconf import OmegaConf
+    from verl.utils import hf_tokenizer
+
+    from mgrpo_verl.warmstart.dataset import JsonToolsSFTDataset
+
+    tokenizer = hf_tokenizer(tokenizer_dir)
+    config = OmegaConf.create({"pad_mode": "no_padding", "max_length": 1 << 20, "truncation": "error"})
+    longest = 0
+    for file in files:
+        dataset = JsonToolsSFTDataset(str(file), tokenizer, config)
+        longest = max([longest, *(len(dataset[i]["input_ids"]) for i in range(len(dataset)))])
+    return max(multiple, -(-longest // multiple) * multiple)
 
 
 def logged_steps(records: list[dict]) -> list[tuple[int, Optional[float]]]:
@@ -128,6 +149,7 @@ def train(
     device: str = "cpu",
     on_step: Optional[Callable[[int, Optional[float]], None]] = None,
     poll_s: float = 1.0,
+    max_length: int = 1024,
 ) -> tuple[Path, float]:
     """One SFT run in a child process (one rank, :func:`single_process_env`); returns the last step's Hugging Face
     checkpoint and the seconds the run took. verl's per-step metrics go to ``<out_dir>/metrics.jsonl``, which is
@@ -145,7 +167,7 @@ def train(
     if device == "cpu":
         env["MGRPO_VERL_DEVICE"] = "cpu"
     args = [sys.executable, "-m", "mgrpo_verl.warmstart.sft",
-            *overrides(model_dir, tokenizer_dir, train_file, val_file, out_dir, settings, device)]
+            *overrides(model_dir, tokenizer_dir, train_file, val_file, out_dir, settings, device, max_length)]
     start = time.monotonic()
     try:
         with open(log_path, "w") as log:

@@ -38,9 +38,9 @@ def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, cap
         [published] = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("relay_tools-")]
         manifest = json.loads((published / "manifest.json").read_text())
 
-        # one SFT run per agent, its loss recorded by verl's file logger: the main agent from the tiny model,
-        # the sub-agent (by default) from the main agent's fine-tuned checkpoint
-        base = {"main": build._base_model("tiny")[0], "sub": str(published / "main")}
+        # one SFT run per agent, its loss recorded by verl's file logger: the main agent from its default base
+        # (tiny_init01), the sub-agent (by default) from the main agent's fine-tuned checkpoint
+        base = {"main": build._base_model(build.WarmStartSpec().main_model)[0], "sub": str(published / "main")}
         for agent in demos.AGENTS:
             info = manifest["agents"][agent]
             assert info["base_model"] == base[agent] and info["checkpoint"] == str(published / agent)
