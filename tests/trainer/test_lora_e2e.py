@@ -175,4 +175,7 @@ def test_magrpo_agents_as_adapters_on_one_base(main_ppo):
         for agent in ("summary", "details"):
             assert m[f"agent/{agent}/rows"] == 16 and m[f"agent/{agent}/update_rows"] == 16
             assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-5, (agent, step)
-    assert all(max(run.at(s)[f"agent/{a}/actor/grad_norm"] for s in (1, 2)) > 0 for a in ("summary", "details"))
+    # tiny random models write token strings that share no word with the article: topical relevance 0, joint reward
+    # 0 (the writing reward's relevance factor, issue 29 item 7), so the updates run on zero advantages; as in
+    # test_magrpo_e2e only finiteness is checked here (learning from non-zero joint rewards: test_cooperative_loop)
+    assert all(math.isfinite(run.at(s)[f"agent/{a}/actor/grad_norm"]) for s in (1, 2) for a in ("summary", "details"))
