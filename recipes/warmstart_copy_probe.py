@@ -1,7 +1,7 @@
 """How fast a tiny Qwen2 learns the warm start's digit copy: a plain PyTorch loop on the task's own demonstrations.
 
 Diagnosis tool behind docs/warmstart.md "Version 4", not the warm start itself (that is verl's SFT trainer):
-AdamW with verl's SFT settings (betas 0.9/0.999, weight decay 0.01, clip 1.0, 5 % warm-up then constant, loss
+AdamW with verl's SFT settings (betas 0.9/0.999, weight decay 0.01, clip 1.0, a linear warm-up then constant, loss
 averaged over the loss-masked tokens), batches drawn with replacement. Every ``--every`` steps it prints, on the
 held-out demonstrations, the teacher-forced probability of the right digit (the answer the agent must copy from its
 tool response) and the share of digits with p > 0.5. ``--restart N`` emulates the warm restart (a fresh optimizer
@@ -36,6 +36,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0, help="init and batch seed")
     p.add_argument("--every", type=int, default=25)
+    p.add_argument("--warmup-steps", type=int, default=20, help="linear lr warm-up, again after a restart")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -64,7 +65,7 @@ def main() -> None:
         return torch.log_softmax(logits.float(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1), target, mask
 
     optimizer, generator, start = new_optimizer(), torch.Generator().manual_seed(args.seed), time.monotonic()
-    warm = max(1, round(0.05 * (args.restart or args.steps)))
+    warm = max(1, args.warmup_steps)
     for step in range(1, args.steps + 1):
         if args.restart and step == args.restart + 1:
             optimizer = new_optimizer()

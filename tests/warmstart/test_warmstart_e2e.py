@@ -50,6 +50,9 @@ def test_sft_command_end_to_end_then_cached(tmp_path, cache_dir, tiny_paths, cap
             # the main agent's warm restart: a second verl SFT run, its steps appended to the first run's metrics
             if agent == "main":
                 assert (published / "logs" / "sft_main_restart.log").is_file()
+                # the first run at a constant lr, the restart decaying to 0 (verl prints its optimiser config)
+                assert "'lr_scheduler_type': 'constant'" in (published / "logs" / "sft_main.log").read_text()
+                assert "'lr_scheduler_type': 'cosine'" in (published / "logs" / "sft_main_restart.log").read_text()
                 steps = [json.loads(line)["step"] for line in (published / "logs" / "sft_main_metrics.jsonl").read_text().splitlines()
                          if "train/loss" in json.loads(line)["data"]]
                 assert steps == [1, 2, 1, 2]
