@@ -23,7 +23,8 @@ without records (a warm start cached before they existed) cannot be checked and 
 the folder to delete. The build is
 flushed to disk (``fsync``) before it is published. A build interrupted by SIGTERM or SIGHUP removes its
 temporary folder like one interrupted by Ctrl-C; one killed outright leaves it to the next build, which removes
-it (``mgrpo_verl.models.tiny.build_once``), and its SFT child dies with it (:func:`~mgrpo_verl.warmstart.sft.die_with_parent`).
+it (``mgrpo_verl.models.tiny.build_once``), and its SFT child dies with it
+(:func:`~mgrpo_verl.warmstart.sft.die_with_parent`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ class WarmStart:
 
 def _main_ppo_overrides(preset: str, main: Path, sub: Path) -> list[str]:
     """The task's preset and the two checkpoints as Hydra overrides of ``main_ppo``."""
-    return [preset, f"actor_rollout_ref.model.path={main}", f"multi_agent.agents.sub.actor_rollout_ref.model.path={sub}"]
+    return [preset, f"actor_rollout_ref.model.path={main}",
+            f"multi_agent.agents.sub.actor_rollout_ref.model.path={sub}"]
 
 
 def spec_from_settings(task: str, settings: dict[str, Any]) -> WarmStartSpec:
@@ -307,7 +309,9 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
     """Build everything into ``tmp`` (renamed to ``target`` by the caller); paths in the manifest are final."""
     start = time.monotonic()
     log(f"warm start: demonstrations of {spec.task} ({spec.n_train} train / {spec.n_val} val) -> {tmp / 'data'}")
-    data = demos.write_sft_datasets(tmp / "data", spec.task, spec.n_train, spec.n_val, spec.data_seed, spec.sub_report_accuracy)
+    data = demos.write_sft_datasets(
+        tmp / "data", spec.task, spec.n_train, spec.n_val, spec.data_seed, spec.sub_report_accuracy
+    )
     (tmp / "logs").mkdir()
     agents: dict[str, Any] = {}
     for agent in demos.AGENTS:  # main first: the sub-agent may start from its checkpoint
@@ -317,14 +321,17 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
             model_dir, tokenizer_dir, base_label = str(tmp / "main"), str(tmp / "main"), str(target / "main")
         settings = agent_settings(spec, agent)
         if settings.steps > 0:
-            log(f"warm start: verl SFT of {agent} from {base_label} ({settings.steps} steps, batch {settings.batch_size}, "
-                f"lr {settings.lr}) ...")  # fmt: skip
+            log(f"warm start: verl SFT of {agent} from {base_label} ({settings.steps} steps, "
+                f"batch {settings.batch_size}, lr {settings.lr}) ...")  # fmt: skip
         else:
             log(f"warm start: {agent} is {base_label} as it is (0 SFT steps)")
 
-        def fine_tune(source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str) -> tuple[float, str]:
+        def fine_tune(
+            source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str
+        ) -> tuple[float, str]:
             """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
-            max_length = sft.fit_max_length([f for f in (data[agent]["train"], data[agent]["val"]) if f], source_tokenizer)
+            files = [f for f in (data[agent]["train"], data[agent]["val"]) if f]
+            max_length = sft.fit_max_length(files, source_tokenizer)
             bar = Progress(f"warm start: {name} SFT", run_settings.steps)
             try:
                 checkpoint, run_seconds = sft.train(

@@ -131,7 +131,8 @@ class RelayToolsDemos:
 
         self.sub = sub
         self.delegation_tool = DelegationTool.for_agent(sub)
-        self.sub_tools = {tool.name: tool for tool in load_all_tools(tool_config_path=tool_config_path, function_tool_path=None)}
+        tools = load_all_tools(tool_config_path=tool_config_path, function_tool_path=None)
+        self.sub_tools = {tool.name: tool for tool in tools}
         if relay.SECRET_TOOL not in self.sub_tools:
             raise ValueError(f"{tool_config_path} gives the sub-agent no {relay.SECRET_TOOL!r} tool")
         self.sub_prompt = relay.load_sub_prompt(sub_prompt)

@@ -143,7 +143,9 @@ def loop_config(main_dir: str, tokenizer_dir: str) -> Any:
     config.multi_agent = {
         "main": "main",
         "agents": {"main": {}, "sub": {}},
-        "delegation": {"timeout_s": 600, "sub_response_tokens": SUB_RESPONSE_TOKENS, "max_calls": 3, "sub_max_turns": 2},
+        "delegation": {
+            "timeout_s": 600, "sub_response_tokens": SUB_RESPONSE_TOKENS, "max_calls": 3, "sub_max_turns": 2,
+        },
     }
     return config
 
@@ -207,7 +209,8 @@ def evaluate(
     results = []
     for temperature in temperatures:
         log: list[dict[str, Any]] = []
-        sub = _HFAgent("sub", models["sub"], agent_config(sub_dir, tokenizer_dir, relay.SUB_TOOL_CONFIG), temperature, log, seed + 1)
+        sub_config = agent_config(sub_dir, tokenizer_dir, relay.SUB_TOOL_CONFIG)
+        sub = _HFAgent("sub", models["sub"], sub_config, temperature, log, seed + 1)
         manager = _Manager("main", models["main"], None, temperature, log, seed, subs={"sub": sub})
         config = loop_config(main_dir, tokenizer_dir)
         manager.config = config
@@ -283,7 +286,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     args = parser.parse_args(argv)
-    for result in evaluate(args.main, args.sub, args.tokenizer or args.main, args.n, args.seed, tuple(args.temperatures)):
+    results = evaluate(args.main, args.sub, args.tokenizer or args.main, args.n, args.seed, tuple(args.temperatures))
+    for result in results:
         print(json.dumps(result.as_dict()))
 
 
