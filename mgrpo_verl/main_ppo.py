@@ -24,7 +24,7 @@ from mgrpo_verl.config.plan import build_plan
 from mgrpo_verl.launcher.hooks import absolute_paths
 from mgrpo_verl.launcher.preflight import preflight
 from mgrpo_verl.launcher.resolvers import register_resolvers
-from mgrpo_verl.launcher.step_progress import watch_steps
+from mgrpo_verl.launcher.step_progress import is_exact_key, watch_steps
 from mgrpo_verl.launcher.warm_start import pending_models, run_stage
 from mgrpo_verl.platform import uses_cpu
 
@@ -33,9 +33,6 @@ register_resolvers()
 #: The metric verl logs for the mean training reward of a step, and the prefix of validation metrics.
 TRAIN_REWARD = "critic/score/mean"
 VAL_PREFIX = "val-core/"
-#: Held-out exact accuracy: the delegation loops' ``exact`` (the main agent's answer is the ground truth,
-#: ``mgrpo_verl.agent_loops.common.exact_match``), averaged by verl's validation as ``val-aux/<source>/exact/mean@n``.
-EXACT_PREFIX, EXACT_INFIX = "val-aux/", "/exact/mean@"
 
 
 @contextmanager
@@ -68,7 +65,8 @@ def ray_environment(on_cpu: bool, env: dict[str, str], joins_cluster: bool = Fal
 
 def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD) -> dict[str, Any]:
     """First and last training reward (``reward_key``), validation score and held-out exact accuracy (when the
-    rollout reports one: :data:`EXACT_INFIX`) from verl's JSON-lines metrics file."""
+    rollout reports one: :func:`~mgrpo_verl.launcher.step_progress.is_exact_key`) from verl's JSON-lines metrics
+    file."""
     records = []
     if metrics_file.is_file():
         records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
@@ -76,7 +74,7 @@ def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD
     steps = [step for step, _ in train]
     val_key = next((k for r in records for k in r["data"] if k.startswith(VAL_PREFIX) and "/mean@" in k), None)
     val = [(r["step"], r["data"][val_key]) for r in records if val_key and val_key in r["data"]]
-    exact_key = next((k for r in records for k in r["data"] if k.startswith(EXACT_PREFIX) and EXACT_INFIX in k), None)
+    exact_key = next((k for r in records for k in r["data"] if is_exact_key(k)), None)
     exact = [(r["step"], r["data"][exact_key]) for r in records if exact_key and exact_key in r["data"]]
     rowless, trained_steps = rowless_steps(records, reward_key)
     return {
@@ -189,7 +187,7 @@ def run(config: DictConfig) -> dict[str, Any]:
                 ray_init, {**env, **({"MGRPO_VERL_DEVICE": "cpu"} if on_cpu else {})})
     total_steps = int(OmegaConf.select(config, "trainer.total_training_steps", default=None) or 0)
     with (ray_environment(on_cpu, env, joins_cluster),
-          watch_steps(metrics_file, total_steps, reward_key, EXACT_PREFIX, EXACT_INFIX)):
+          watch_steps(metrics_file, total_steps, reward_key)):
         run_ppo(config, task_runner_class=TaskRunnerV1)
     summary = summarize(metrics_file, time.monotonic() - start, reward_key)
     print(summary_line(summary), flush=True)

@@ -22,16 +22,25 @@ from mgrpo_verl.progress import JsonlFollower, Progress
 #: Prefix of every line (the summary line's).
 LABEL = "mgrpo_verl:"
 
+#: Held-out exact accuracy: the delegation loops' ``exact`` (the main agent's answer is the ground truth,
+#: ``mgrpo_verl.agent_loops.common.exact_match``), averaged by verl's validation as ``val-aux/<source>/exact/mean@n``.
+EXACT_PREFIX, EXACT_INFIX = "val-aux/", "/exact/mean@"
 
-def headline(record: dict[str, Any], reward_key: str, exact_prefix: str, exact_infix: str) -> dict[str, Any]:
+
+def is_exact_key(key: str) -> bool:
+    """Whether the metric ``key`` is held-out exact accuracy (:data:`EXACT_PREFIX` ... :data:`EXACT_INFIX`)."""
+    return key.startswith(EXACT_PREFIX) and EXACT_INFIX in key
+
+
+def headline(record: dict[str, Any], reward_key: str) -> dict[str, Any]:
     """The figures of one metrics record worth a line: ``reward`` (``reward_key``) and ``held-out exact`` (the
-    first key with ``exact_prefix`` ... ``exact_infix``), each only when the record has it and it is finite."""
+    first :func:`is_exact_key` key), each only when the record has it and it is finite."""
     data = record.get("data") if isinstance(record.get("data"), dict) else {}
     out: dict[str, Any] = {}
     reward = data.get(reward_key)
     if isinstance(reward, (int, float)) and math.isfinite(reward):
         out["reward"] = float(reward)
-    exact = next((v for k, v in data.items() if k.startswith(exact_prefix) and exact_infix in k), None)
+    exact = next((v for k, v in data.items() if is_exact_key(k)), None)
     if isinstance(exact, (int, float)) and math.isfinite(exact):
         out["held-out exact"] = float(exact)
     return out
@@ -40,40 +49,38 @@ def headline(record: dict[str, Any], reward_key: str, exact_prefix: str, exact_i
 class StepWatcher:
     """Prints the steps appended to ``metrics_file`` (:meth:`poll`); :func:`watch_steps` polls it in a thread."""
 
-    def __init__(self, metrics_file: Path, total_steps: int, reward_key: str, exact_prefix: str, exact_infix: str,
-                 stream: Optional[TextIO] = None, clock=None):
+    def __init__(self, metrics_file: Path, total_steps: int, reward_key: str, stream: Optional[TextIO] = None,
+                 clock=None):
         self.follower = JsonlFollower(metrics_file)
-        self.keys = (reward_key, exact_prefix, exact_infix)
+        self.reward_key = reward_key
         self.stream = stream if stream is not None else sys.stdout
         kwargs = {} if clock is None else {"clock": clock}
         self.bar = Progress(f"{LABEL} step", total_steps, stream=self.stream, every_s=0.0, live=False, **kwargs)
-        self.seen_step = False
 
     def poll(self) -> None:
         for record in self.follower.new_records():
             step = record.get("step")
             if not isinstance(step, int):
                 continue
-            figures = headline(record, *self.keys)
+            figures = headline(record, self.reward_key)
             if step == 0:  # verl's validation before training
                 if "held-out exact" in figures:
                     self.stream.write(f"{LABEL} before training: held-out exact {figures['held-out exact']:.3f}\n")
                     self.stream.flush()
                 continue
-            self.seen_step = True
             if "held-out exact" in figures:  # measured at validation steps only: shown with its step from then on
                 figures["held-out exact"] = f"{figures['held-out exact']:.3f} (step {step})"
             self.bar.update(step, **figures)
 
 
 @contextmanager
-def watch_steps(metrics_file: Path, total_steps: int, reward_key: str, exact_prefix: str, exact_infix: str,
-                poll_s: float = 1.0, stream: Optional[TextIO] = None) -> Iterator[StepWatcher]:
+def watch_steps(metrics_file: Path, total_steps: int, reward_key: str, poll_s: float = 1.0,
+                stream: Optional[TextIO] = None) -> Iterator[StepWatcher]:
     """Print a line per step of the run inside the block (and what is starting before the first). An earlier run's
     ``metrics_file`` is removed first: verl's file logger truncates it when it starts anyway (it opens it ``wb``),
     and its steps are not this run's."""
     Path(metrics_file).unlink(missing_ok=True)
-    watcher = StepWatcher(metrics_file, total_steps, reward_key, exact_prefix, exact_infix, stream)
+    watcher = StepWatcher(metrics_file, total_steps, reward_key, stream)
     watcher.stream.write(f"{LABEL} starting Ray, every agent's workers and rollout servers; a line per step "
                          f"follows ({total_steps} steps)\n")
     watcher.stream.flush()

@@ -7,7 +7,7 @@ import io
 import json
 
 from mgrpo_verl.launcher.step_progress import StepWatcher, headline, watch_steps
-from mgrpo_verl.main_ppo import EXACT_INFIX, EXACT_PREFIX, TRAIN_REWARD
+from mgrpo_verl.main_ppo import TRAIN_REWARD
 
 EXACT = "val-aux/relay_tools/exact/mean@1"
 
@@ -17,11 +17,10 @@ def record(step, **data):
 
 
 def test_headline_takes_the_reward_and_held_out_exact_when_present_and_finite():
-    keys = (TRAIN_REWARD, EXACT_PREFIX, EXACT_INFIX)
-    assert headline({"step": 1, "data": {TRAIN_REWARD: 0.25, "x": 1}}, *keys) == {"reward": 0.25}
-    assert headline({"step": 5, "data": {TRAIN_REWARD: 0.5, EXACT: 0.875}}, *keys) == {"reward": 0.5, "held-out exact": 0.875}
-    assert headline({"step": 2, "data": {TRAIN_REWARD: float("nan")}}, *keys) == {}
-    assert headline({"step": 2, "data": "junk"}, *keys) == {}
+    assert headline({"step": 1, "data": {TRAIN_REWARD: 0.25, "x": 1}}, TRAIN_REWARD) == {"reward": 0.25}
+    assert headline({"step": 5, "data": {TRAIN_REWARD: 0.5, EXACT: 0.875}}, TRAIN_REWARD) == {"reward": 0.5, "held-out exact": 0.875}
+    assert headline({"step": 2, "data": {TRAIN_REWARD: float("nan")}}, TRAIN_REWARD) == {}
+    assert headline({"step": 2, "data": "junk"}, TRAIN_REWARD) == {}
 
 
 def test_a_line_per_step_with_rate_and_eta(tmp_path):
@@ -29,7 +28,7 @@ def test_a_line_per_step_with_rate_and_eta(tmp_path):
     now = [0.0]
     clock = lambda: now[0]  # noqa: E731
     out = io.StringIO()
-    watcher = StepWatcher(path, 3, TRAIN_REWARD, EXACT_PREFIX, EXACT_INFIX, stream=out, clock=clock)
+    watcher = StepWatcher(path, 3, TRAIN_REWARD, stream=out, clock=clock)
     path.write_text(record(0, **{EXACT: 0.125}))  # verl's validation before training
     watcher.poll()
     with open(path, "a") as f:
@@ -55,7 +54,7 @@ def test_a_line_per_step_with_rate_and_eta(tmp_path):
 def test_watch_steps_says_what_starts_and_reads_the_last_step_on_exit_and_nothing_of_an_earlier_run(tmp_path):
     path, out = tmp_path / "metrics.jsonl", io.StringIO()
     path.write_text(record(7, **{TRAIN_REWARD: 0.0}))  # an earlier run's
-    with watch_steps(path, 2, TRAIN_REWARD, EXACT_PREFIX, EXACT_INFIX, poll_s=60.0, stream=out):
+    with watch_steps(path, 2, TRAIN_REWARD, poll_s=60.0, stream=out):
         path.write_text(record(1, **{TRAIN_REWARD: 0.5}) + record(2, **{TRAIN_REWARD: 1.0}))
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("mgrpo_verl: starting Ray") and "(2 steps)" in lines[0]
