@@ -325,13 +325,14 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
                 f"batch {settings.batch_size}, lr {settings.lr}) ...")  # fmt: skip
         else:
             log(f"warm start: {agent} is {base_label} as it is (0 SFT steps)")
+        # the agent's data and tokenizer are the same for its first run and its warm restart: measured once
+        files = [f for f in (data[agent]["train"], data[agent]["val"]) if f]
+        max_length = sft.fit_max_length(files, tokenizer_dir)
 
         def fine_tune(
             source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str
         ) -> tuple[float, str]:
             """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
-            files = [f for f in (data[agent]["train"], data[agent]["val"]) if f]
-            max_length = sft.fit_max_length(files, source_tokenizer)
             bar = Progress(f"warm start: {name} SFT", run_settings.steps)
             try:
                 checkpoint, run_seconds = sft.train(
