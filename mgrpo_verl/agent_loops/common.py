@@ -251,12 +251,14 @@ class QueryStats:
         def number(key: str) -> Optional[float]:
             return None if info.get(key) is None else float(info[key])
 
+        def count(key: str) -> Optional[int]:  # verl's dump may carry a count as a float
+            return None if info.get(key) is None else int(float(info[key]))
+
         try:
             return cls(
-                answer=str(info["answer"]), acc=float(info["acc"]), calls=int(float(info["calls"])),
-                failed_calls=int(float(info["failed_calls"])), exact=number("exact"),
-                main_tokens=None if info.get("main_tokens") is None else int(float(info["main_tokens"])),
-                sub_tokens=None if info.get("sub_tokens") is None else int(float(info["sub_tokens"])),
+                answer=str(info["answer"]), acc=float(info["acc"]), calls=count("calls"),
+                failed_calls=count("failed_calls"), exact=number("exact"),
+                main_tokens=count("main_tokens"), sub_tokens=count("sub_tokens"),
                 tools={k: float(v) for k, v in info.items() if k.startswith("tool/") and v is not None},
                 reward_errors=number(REWARD_ERRORS),
                 **{k: "" if info.get(k) is None else str(info[k]) for k in QUERY_TAGS},

@@ -488,15 +488,18 @@ class MultiAgentTrainer(PPOTrainer):
                 pending.append(future)
         self._dump_futures = pending
 
+    def _runtime_of(self, agent: str) -> AgentRuntime | None:
+        """The runtime of the model that plays ``agent`` here, ``None`` for an agent played elsewhere or unknown."""
+        ma = self.multi_agent
+        return self.agents.get(ma.owner_of(agent)) if agent in ma.agents else None
+
     def _tokenizer_of(self, agent: str):
         """The tokenizer of the model that plays ``agent`` (the main model's for an agent played elsewhere)."""
-        ma = self.multi_agent
-        rt = self.agents.get(ma.owner_of(agent)) if agent in ma.agents else None
+        rt = self._runtime_of(agent)
         return rt.tokenizer if rt is not None else self.tokenizer
 
     def _agent_trains(self, agent: str) -> bool:
-        ma = self.multi_agent
-        rt = self.agents.get(ma.owner_of(agent)) if agent in ma.agents else None
+        rt = self._runtime_of(agent)
         return rt is not None and rt.trainable
 
     # ------------------------------------------------------------------------------------ checkpoints
