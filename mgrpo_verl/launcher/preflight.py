@@ -53,7 +53,11 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
     check_rollout_engines(plan)
     if on_cpu:
         check_vllm_on_cpu(plan, pending)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    # verl's batch rules against each model owner's own GPU share (three agents on one logical GPU each: verl's rule
+    # on the top-level config would ask the batch to divide by 3); one model: the config itself
+    for checked in (plan.local_configs.values() if plan.multi_agent is not None else (config,)):
+        validate_config(config=checked, use_reference_policy=need_reference_policy(checked),
+                        use_critic=need_critic(checked))
     if not config.trainer.use_v1:
         raise ValueError("mgrpo_verl runs verl's v1 trainer only; remove trainer.use_v1=false")
     check_model_paths(plan, pending)

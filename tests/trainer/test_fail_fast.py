@@ -377,3 +377,14 @@ def test_a_ray_the_run_starts_is_closed_on_an_accelerator_too(monkeypatch, joins
         assert seen["RAY_AUTH_MODE"] == "token" and seen["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0" and token is not None
         assert not token.exists()  # the private directory went with the run
     assert os.environ.get("RAY_AUTH_MODE") is None  # restored
+
+
+def test_three_agents_on_three_logical_gpus_reach_ray(run):
+    """Three agents, each its own model on one logical GPU (separate placement): verl's batch rule holds per model
+    (16 rows on 1 GPU each). Checked on the top-level config it asked the 16 rows to divide by 3 GPUs and refused the
+    run ("real_train_batch_size (16) must be divisible by minimal possible batch size (3)"), the issue-31 example's
+    first error."""
+    third = ("+multi_agent.agents.third.trainable=true",
+             "+multi_agent.agents.third.actor_rollout_ref.model.path=${mgrpo_model:tiny_sub}")
+    err, _ = run(*third, "trainer.n_gpus_per_node=3")
+    assert isinstance(err, ReachedRay), err
