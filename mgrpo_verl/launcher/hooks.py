@@ -1,6 +1,7 @@
 """User hooks, imported and checked in the driver before Ray starts: the tool classes of every tool config the
-run names, verl function-tool files, the agent loops of ``agent_loop_config_path``, and the delegation ``scorer`` /
-``sub_prompt`` callables. Each error names the config key, the file and the class or function.
+run names, verl function-tool files, the agent loops of ``agent_loop_config_path``, the delegation ``scorer`` /
+``sub_prompt`` callables and the warm start's ``demos`` function. Each error names the config key, the file and the
+class or function.
 
 Without this, verl imports them inside Ray workers a minute or more into the run, and a tool class that does not
 import fails there as ``AttributeError: 'NoneType' object has no attribute 'loader'`` (verl's ``get_tool_class``
@@ -32,8 +33,9 @@ AGENT_LOOPS = "rollout.agent.agent_loop_config_path"
 PATH_LEAVES = (TOOL_CONFIG, FUNCTION_TOOLS, AGENT_LOOPS)
 #: verl's dataset reads the tools too (prompt lengths with the tool schemas): its copies of the keys.
 DATA_KEYS = ("data.tool_config_path", "data.function_tool_path")
-#: ``module:function`` / ``file.py:function`` settings of the delegation loops.
-CALLABLE_KEYS = ("multi_agent.delegation.scorer", "multi_agent.delegation.sub_prompt")
+#: ``module:function`` / ``file.py:function`` settings of the delegation loops and of the warm start (your own
+#: demonstrations, :mod:`mgrpo_verl.warmstart.own`).
+CALLABLE_KEYS = ("multi_agent.delegation.scorer", "multi_agent.delegation.sub_prompt", "mgrpo_verl.warmstart.demos")
 
 
 # ------------------------------------------------------------------------------------------ paths
@@ -242,11 +244,16 @@ def check_user_hooks(plan: RunPlan) -> None:
     """Import every user hook of the run in this process (no Ray) and refuse, naming the key and the file, a
     missing file, a missing module, a missing class or function, or a class of the wrong kind: the tool configs and
     function-tool files (top level, verl's dataset copies, each model owner's), the agent loops of
-    ``agent_loop_config_path``, and (multi-agent) ``multi_agent.delegation.scorer`` / ``sub_prompt``."""
+    ``agent_loop_config_path``, ``mgrpo_verl.warmstart.demos``, and (multi-agent) ``multi_agent.delegation.scorer``
+    / ``sub_prompt``."""
     from mgrpo_verl.envs import relay
+    from mgrpo_verl.warmstart import own
 
     for key, leaf, value in _sources(plan):
         CHECKS[leaf](key, value)
+    demos = setting(plan.config, own.DEMOS_KEY)
+    if demos is not None:
+        own.load_demos(own.normalise_demos(demos))
     if plan.multi_agent is not None:
         delegation = plan.multi_agent.delegation
         relay.load_scorer(delegation.scorer)

@@ -15,7 +15,10 @@ task is not yet solved (held-out exact accuracy well below 1), leaving the rest 
   the main agent's checkpoint;
 * :mod:`~mgrpo_verl.warmstart.evaluate`: held-out exact accuracy and tool-call parse rate through the
   rollout's own loop with Hugging Face generation;
-* :mod:`~mgrpo_verl.warmstart.build`: all of it, cached by its inputs.
+* :mod:`~mgrpo_verl.warmstart.build`: all of it, cached by its inputs;
+* :mod:`~mgrpo_verl.warmstart.own`: the same SFT and cache for your own system: any task, any agents, from
+  demonstrations of your own (``mgrpo_verl.warmstart.demos``), each agent trained with the tools the run offers it
+  (docs/warmstart.md, "Your own demonstrations").
 
 ``python -m mgrpo_verl.main_ppo task=relay_tools`` starts RL from it: the config names it
 (``mgrpo_verl.warmstart``), the ``mgrpo_warmstart`` resolver answers where it is published, and the launcher's

@@ -138,7 +138,7 @@ def spec_from_settings(task: str, settings: dict[str, Any]) -> WarmStartSpec:
     return replace(WarmStartSpec(task=task), sft=sft_settings, **{k: v for k, v in given.items() if k in spec_keys})
 
 
-def _base_model(name_or_path: str) -> tuple[str, str]:
+def base_model(name_or_path: str) -> tuple[str, str]:
     """(model dir, tokenizer dir) of a built-in model name or a model directory (its own tokenizer)."""
     from mgrpo_verl.envs.builtin import MODELS, model_paths
 
@@ -151,6 +151,9 @@ def _base_model(name_or_path: str) -> tuple[str, str]:
     return str(path), str(path)
 
 
+_base_model = base_model  # the name the tests use
+
+
 def default_root() -> Path:
     from mgrpo_verl.models.tiny import cache_root
 
@@ -161,8 +164,8 @@ def base_models(spec: WarmStartSpec) -> dict[str, tuple[str, str]]:
     """(model dir, tokenizer dir) per agent; the sub-agent's is the main agent's base when it starts from the
     main agent's checkpoint (that checkpoint exists only once built: :func:`_build` resolves it). The
     launcher's memory estimate reads a warm start's architecture from its base before it is built."""
-    main = _base_model(spec.main_model)
-    return {"main": main, "sub": main if spec.sub_model == FROM_MAIN else _base_model(spec.sub_model)}
+    main = base_model(spec.main_model)
+    return {"main": main, "sub": main if spec.sub_model == FROM_MAIN else base_model(spec.sub_model)}
 
 
 def agent_settings(spec: WarmStartSpec, agent: str) -> sft.SFTSettings:
@@ -174,15 +177,18 @@ def agent_settings(spec: WarmStartSpec, agent: str) -> sft.SFTSettings:
     return spec.sft
 
 
+def base_identity(path: str) -> str:
+    """What a cache key hashes of a base model's folder: built-in models' folders are named by a hash of their
+    recipe (their name), others by their absolute path."""
+    from mgrpo_verl.models.tiny import cache_root
+
+    return Path(path).name if Path(path).is_relative_to(cache_root()) else str(Path(path).resolve())
+
+
 def cache_key(spec: WarmStartSpec, bases: dict[str, tuple[str, str]]) -> str:
     from mgrpo_verl.models.tiny import content_key
 
-    from mgrpo_verl.models.tiny import cache_root
-
-    def ident(path: str) -> str:  # built-in models' folders are named by a hash of their recipe; others by path
-        return Path(path).name if Path(path).is_relative_to(cache_root()) else str(Path(path).resolve())
-
-    payload = {"v": VERSION, "spec": asdict(spec), "bases": {a: [ident(p) for p in bases[a]] for a in bases}}
+    payload = {"v": VERSION, "spec": asdict(spec), "bases": {a: [base_identity(p) for p in bases[a]] for a in bases}}
     return content_key(payload)
 
 
@@ -263,7 +269,7 @@ def verify(target: Path, manifest: dict[str, Any]) -> None:
 
 
 @contextmanager
-def _terminate_as_exit() -> Iterator[None]:
+def terminate_as_exit() -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``SystemExit(128 + signal)`` instead of ending the process on the spot, so that
     the build's temporary folder is removed and its SFT child killed as on Ctrl-C. Only in the main thread, and
     only for a signal whose handler is the default one (a handler someone else installed is left alone)."""
@@ -298,7 +304,7 @@ def warm_start(spec: WarmStartSpec = WarmStartSpec(), root: Optional[str | Path]
     if found is not None:
         log(f"warm start: cached at {target}")
         return found
-    with _terminate_as_exit():
+    with terminate_as_exit():
         build_once(target, lambda tmp: _build(spec, bases, tmp, target, log))
     result = _published(target)
     assert result is not None
@@ -320,65 +326,17 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
         if agent == "sub" and spec.sub_model == FROM_MAIN:
             model_dir, tokenizer_dir, base_label = str(tmp / "main"), str(tmp / "main"), str(target / "main")
         settings = agent_settings(spec, agent)
-        if settings.steps > 0:
-            log(f"warm start: verl SFT of {agent} from {base_label} ({settings.steps} steps, "
-                f"batch {settings.batch_size}, lr {settings.lr}) ...")  # fmt: skip
-        else:
-            log(f"warm start: {agent} is {base_label} as it is (0 SFT steps)")
-        # the agent's data and tokenizer are the same for its first run and its warm restart: measured once
-        files = [f for f in (data[agent]["train"], data[agent]["val"]) if f]
-        max_length = sft.fit_max_length(files, tokenizer_dir)
-
-        def fine_tune(
-            source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str
-        ) -> tuple[float, str]:
-            """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
-            bar = Progress(f"warm start: {name} SFT", run_settings.steps)
-            try:
-                checkpoint, run_seconds = sft.train(
-                    source_dir, source_tokenizer, data[agent]["train"], data[agent]["val"], tmp / "sft" / name,
-                    run_settings, tmp / "logs" / f"sft_{name}.log", spec.device,
-                    on_step=lambda step, loss: bar.update(step, loss=loss), max_length=max_length,
-                )  # fmt: skip
-            finally:
-                bar.close()
-            sft.publish(checkpoint, tmp / agent, model_dir)
-            return run_seconds, (tmp / "sft" / name / "metrics.jsonl").read_text()
-
-        if settings.steps > 0:
-            seconds, metrics_text = fine_tune(model_dir, tokenizer_dir, settings, agent)
-        else:  # no fine-tuning: the base model as it is (e.g. an earlier warm start's main agent)
-            seconds, metrics_text = 0.0, ""
-            sft.publish_base(model_dir, tokenizer_dir, tmp / agent)
-        if agent == "main" and spec.main_restart_steps > 0:  # the warm restart, from what was just published
-            from dataclasses import replace
-
-            log(f"warm start: verl SFT of main, warm restart ({spec.main_restart_steps} steps) ...")
-            first = tmp / "main_before_restart"
-            (tmp / agent).rename(first)
-            # cosine down to 0: at a constant lr the run with data_seed 2 spiked in its last 5 steps (loss 0.03 -> 0.40,
-            # grad norm 0.05 -> 7) and published that (docs/warmstart.md, version 4)
-            restart = replace(settings, steps=spec.main_restart_steps, lr_schedule="cosine")
-            more, more_metrics = fine_tune(str(first), str(first), restart, "main_restart")
-            shutil.rmtree(first)
-            seconds, metrics_text = seconds + more, metrics_text + more_metrics
-        metrics = [json.loads(line) for line in metrics_text.splitlines() if line.strip()]
-        (tmp / "logs" / f"sft_{agent}_metrics.jsonl").write_text(metrics_text)
-        losses = [m["data"]["train/loss"] for m in metrics if "train/loss" in m.get("data", {})]
-        val = [m["data"]["val/loss"] for m in metrics if "val/loss" in m.get("data", {})]
+        restart_steps = spec.main_restart_steps if agent == "main" else 0
+        figures = train_agent(agent, model_dir, tokenizer_dir, base_label, data[agent], settings, restart_steps, tmp,
+                              spec.device, log)  # fmt: skip
         agents[agent] = {
             "base_model": base_label,
             "tokenizer": tokenizer_dir if tokenizer_dir != model_dir else base_label,
             "sft_steps": settings.steps,
-            "restart_steps": spec.main_restart_steps if agent == "main" else 0,
+            "restart_steps": restart_steps,
             "checkpoint": str(target / agent),
-            "sft_seconds": round(seconds, 1),
-            "first_loss": losses[0] if losses else None,
-            "final_loss": losses[-1] if losses else None,
-            "val_loss": val[-1] if val else None,
+            **figures,
         }
-        log(f"warm start: {agent} done in {seconds:.0f} s, train loss {agents[agent]['first_loss']} -> "
-            f"{agents[agent]['final_loss']}, val loss {agents[agent]['val_loss']}")  # fmt: skip
     if not spec.sft.save_every:
         shutil.rmtree(tmp / "sft", ignore_errors=True)  # the published copies are all that is needed
     evaluation = []
@@ -404,3 +362,77 @@ def _build(spec: WarmStartSpec, bases: dict[str, tuple[str, str]], tmp: Path, ta
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     fsync_tree(tmp)  # on disk before the caller's rename publishes it
+
+
+def train_agent(
+    agent: str,
+    model_dir: str,
+    tokenizer_dir: str,
+    base_label: str,
+    data: dict[str, Optional[Path]],
+    settings: sft.SFTSettings,
+    restart_steps: int,
+    tmp: Path,
+    device: str,
+    log,
+) -> dict[str, Any]:
+    """``agent``'s SFT inside a build folder ``tmp``: verl's SFT trainer from ``model_dir`` on ``data`` (``train`` and
+    ``val`` parquet files, ``val`` may be None), then ``restart_steps`` more after a warm restart (a second run from
+    the first one's checkpoint, its lr decaying to 0), published as ``tmp/<agent>``; 0 steps: the base model as it
+    is. Progress bars and logs under ``tmp/logs``, verl's per-step metrics in ``tmp/logs/sft_<agent>_metrics.jsonl``.
+    ``base_label``: the base as the log names it (its final path). Returns seconds and losses."""
+    if settings.steps > 0:
+        log(f"warm start: verl SFT of {agent} from {base_label} ({settings.steps} steps, "
+            f"batch {settings.batch_size}, lr {settings.lr}) ...")  # fmt: skip
+    else:
+        log(f"warm start: {agent} is {base_label} as it is (0 SFT steps)")
+    # the agent's data and tokenizer are the same for its first run and its warm restart: measured once
+    files = [f for f in (data["train"], data["val"]) if f]
+    max_length = sft.fit_max_length(files, tokenizer_dir)
+
+    def fine_tune(
+        source_dir: str, source_tokenizer: str, run_settings: sft.SFTSettings, name: str
+    ) -> tuple[float, str]:
+        """One verl SFT run of ``agent`` from ``source_dir``, published as ``tmp/<agent>``: (seconds, metrics)."""
+        bar = Progress(f"warm start: {name} SFT", run_settings.steps)
+        try:
+            checkpoint, run_seconds = sft.train(
+                source_dir, source_tokenizer, data["train"], data["val"], tmp / "sft" / name,
+                run_settings, tmp / "logs" / f"sft_{name}.log", device,
+                on_step=lambda step, loss: bar.update(step, loss=loss), max_length=max_length,
+            )  # fmt: skip
+        finally:
+            bar.close()
+        sft.publish(checkpoint, tmp / agent, model_dir)
+        return run_seconds, (tmp / "sft" / name / "metrics.jsonl").read_text()
+
+    if settings.steps > 0:
+        seconds, metrics_text = fine_tune(model_dir, tokenizer_dir, settings, agent)
+    else:  # no fine-tuning: the base model as it is (e.g. an earlier warm start's main agent)
+        seconds, metrics_text = 0.0, ""
+        sft.publish_base(model_dir, tokenizer_dir, tmp / agent)
+    if restart_steps > 0:  # the warm restart, from what was just published
+        from dataclasses import replace
+
+        log(f"warm start: verl SFT of {agent}, warm restart ({restart_steps} steps) ...")
+        first = tmp / f"{agent}_before_restart"
+        (tmp / agent).rename(first)
+        # cosine down to 0: at a constant lr the run with data_seed 2 spiked in its last 5 steps (loss 0.03 -> 0.40,
+        # grad norm 0.05 -> 7) and published that (docs/warmstart.md, version 4)
+        restart = replace(settings, steps=restart_steps, lr_schedule="cosine")
+        more, more_metrics = fine_tune(str(first), str(first), restart, f"{agent}_restart")
+        shutil.rmtree(first)
+        seconds, metrics_text = seconds + more, metrics_text + more_metrics
+    metrics = [json.loads(line) for line in metrics_text.splitlines() if line.strip()]
+    (tmp / "logs" / f"sft_{agent}_metrics.jsonl").write_text(metrics_text)
+    losses = [m["data"]["train/loss"] for m in metrics if "train/loss" in m.get("data", {})]
+    val = [m["data"]["val/loss"] for m in metrics if "val/loss" in m.get("data", {})]
+    figures = {
+        "sft_seconds": round(seconds, 1),
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "val_loss": val[-1] if val else None,
+    }
+    log(f"warm start: {agent} done in {seconds:.0f} s, train loss {figures['first_loss']} -> "
+        f"{figures['final_loss']}, val loss {figures['val_loss']}")  # fmt: skip
+    return figures
