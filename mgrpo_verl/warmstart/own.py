@@ -26,6 +26,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -106,6 +107,16 @@ def _int(key: str, value: Any, low: int) -> int:
     return value
 
 
+def _lr(key: str, value: Any) -> float:
+    try:
+        lr = float(value)
+    except (TypeError, ValueError):
+        lr = -1.0
+    if isinstance(value, bool) or not lr > 0:
+        raise ValueError(f"mgrpo_verl.warmstart.{key} must be a positive number, got {value!r}")
+    return lr
+
+
 def normalise_demos(spec: Any, cwd: Optional[str] = None) -> str:
     """``file.py:function`` with the file made absolute against ``cwd`` (default: the current directory, the launch
     directory), or ``module:function`` as it is.
@@ -142,7 +153,7 @@ def spec_from_settings(settings: Mapping[str, Any], cwd: Optional[str] = None) -
             raise ValueError(f"unknown warm-start setting mgrpo_verl.warmstart.{key}; known: {list(SETTINGS)}")
     shared = sft.SFTSettings()
     if settings.get("lr") is not None:
-        shared = replace(shared, lr=float(settings["lr"]))
+        shared = replace(shared, lr=_lr("lr", settings["lr"]))
     if settings.get("batch_size") is not None:
         shared = replace(shared, batch_size=_int("batch_size", settings["batch_size"], 1))
     agents_in = settings.get("agents")
@@ -152,6 +163,10 @@ def spec_from_settings(settings: Mapping[str, Any], cwd: Optional[str] = None) -
     agents: list[AgentSpec] = []
     for name, given in agents_in.items():
         where = f"mgrpo_verl.warmstart.agents.{name}"
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            raise ValueError(f"{where}: agent names match [A-Za-z0-9_-]+ (as multi_agent.agents' do), got {name!r}")
+        if given is not None and not isinstance(given, Mapping):
+            raise ValueError(f"{where} must be a mapping of {list(AGENT_SETTINGS)}, got {given!r}")
         given = dict(given or {})
         unknown = sorted(set(given) - set(AGENT_SETTINGS))
         if unknown:
@@ -167,7 +182,7 @@ def spec_from_settings(settings: Mapping[str, Any], cwd: Optional[str] = None) -
         if given.get("steps") is not None:
             run = replace(run, steps=_int(f"agents.{name}.steps", given["steps"], 0))
         if given.get("lr") is not None:
-            run = replace(run, lr=float(given["lr"]))
+            run = replace(run, lr=_lr(f"agents.{name}.lr", given["lr"]))
         restart = _int(f"agents.{name}.restart_steps", given.get("restart_steps") or 0, 0)
         agents.append(AgentSpec(str(name), base, run, restart))
     counts = {k: _int(k, settings[k], low) for k, low in (("n_train", 1), ("n_val", 0), ("data_seed", 0))

@@ -218,6 +218,10 @@ def test_settings_defaults_and_overrides(demos_file, tmp_path, monkeypatch):
     ({"agents": {}}, "mgrpo_verl.warmstart.agents must map each agent"),
     ({"agents": {"main": {"base": "tiny", "steps": -1}}}, "agents.main.steps must be an integer >= 0, got -1"),
     ({"n_train": 0}, "mgrpo_verl.warmstart.n_train must be an integer >= 1"),
+    ({"agents": {"main": "tiny"}}, r"mgrpo_verl.warmstart.agents.main must be a mapping of \['base', "),
+    ({"agents": {"../x": {"base": "tiny"}}}, r"agents.../x: agent names match \[A-Za-z0-9_-\]\+"),
+    ({"agents": {"main": {"base": "tiny", "lr": "fast"}}}, "agents.main.lr must be a positive number, got 'fast'"),
+    ({"lr": 0}, "mgrpo_verl.warmstart.lr must be a positive number, got 0"),
     ({"demos": "demos.py"}, "mgrpo_verl.warmstart.demos must be 'file.py:function' or 'module:function'"),
 ])  # fmt: skip
 def test_bad_settings_are_refused_naming_the_key(given, error):
