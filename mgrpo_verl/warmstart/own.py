@@ -426,8 +426,9 @@ def check(episodes: Any, tools: Mapping[str, list[dict]], where: str) -> dict[st
 
     Raises:
         ValueError: not a list of dicts, an agent not fine-tuned, a conversation that is not a non-empty list or has
-            no assistant turn, a bad message (:data:`MESSAGE_KEYS`, :data:`ROLES`, an assistant turn without content
-            nor tool calls, a call to a tool the agent is not offered), or an agent with no demonstration at all.
+            no assistant turn, two tool responses in a row, a bad message (:data:`MESSAGE_KEYS`, :data:`ROLES`, an
+            assistant turn without content nor tool calls, a call to a tool the agent is not offered), or an agent
+            with no demonstration at all.
     """
     if not isinstance(episodes, list):
         raise ValueError(f"{where} returned {type(episodes).__name__}, not a list of episodes "
@@ -446,6 +447,13 @@ def check(episodes: Any, tools: Mapping[str, list[dict]], where: str) -> dict[st
             checked = [_message(m, offered[agent], f"{here}, message {j}") for j, m in enumerate(messages)]
             if not any(m["role"] == "assistant" for m in checked):
                 raise ValueError(f"{here}: no assistant turn (the SFT trains on assistant turns only)")
+            for j in range(1, len(checked)):
+                if checked[j - 1]["role"] == checked[j]["role"] == "tool":
+                    # verl's MultiTurnSFTDataset renders each message on its own, the chat template merges the
+                    # responses of one turn's calls into one block: verl refuses the row with an assertion
+                    raise ValueError(f"{here}, messages {j - 1}-{j}: two tool responses in a row (calls made in "
+                                     f"one turn). verl's SFT dataset cannot render them as the rollout does: "
+                                     f"demonstrate one tool call per assistant turn")
             out[agent].append((i, checked))
     for agent, rows in out.items():
         if not rows:

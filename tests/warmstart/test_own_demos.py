@@ -143,6 +143,12 @@ def ok(agent: str) -> list[dict]:
     ([{"main": [{"role": "user", "contents": "x"}]}], "message 0: unknown key 'contents'"),
     ([{"main": [{"role": "user", "content": 3}]}], "message 0: content must be a string, got int"),
     ([{"main": [{"role": "user", "content": "x"}]}], "agent 'main': no assistant turn"),
+    # two calls in one turn: verl's SFT dataset asserts on the row ("may not equal to apply_chat_template ...")
+    ([{"main": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "ask_alice", "arguments": {"task": "a"}}},
+        {"function": {"name": "ask_bob", "arguments": {"task": "b"}}}]},
+        {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}, {"role": "assistant", "content": "12"}]}],
+     "agent 'main', messages 2-3: two tool responses in a row .* one tool call per assistant turn"),
     ([{"main": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "read_secret"}}]}]}],
      "agent 'main', message 0, tool call 0: a call to 'read_secret', a tool this agent is not offered in the run; "
      "its tools: \\['ask_alice', 'ask_bob'\\]"),
