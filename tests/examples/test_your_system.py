@@ -13,12 +13,12 @@ there in order (the test asserts the list, so the guide cannot change without th
 
 So the first ``./run.sh`` builds the warm start from the copied folder's demonstrations (verl's SFT trainer) and
 trains 2 steps with validation; the guide's second ``./run.sh`` (``total_training_steps=5``, rollouts dumped)
-resumes from its ``global_step_2`` and trains steps 3-5; the viewer writes the page; ``compare.py`` trains ``single``
-(one model in all three roles, from a copy of the warm start's main checkpoint) and tabulates it. Checked on these
-runs: every agent trained on rows of its own in every step; each model's rollout server received new weights from
-its own actor after every step (three servers, all fingerprints different); the resumed servers start from the weights the first run ended with; each agent's dumped rows are its
-own (alice's prompts offer ``read_a`` only, bob's ``read_b`` only, main's the two ``ask_*`` tools); the checkpoint
-holds the three agents.
+resumes from its ``global_step_2`` and trains steps 3-5; the viewer writes the page; ``compare.py`` trains
+``single`` (one model in all three roles, from a copy of the warm start's main checkpoint) and tabulates it. Checked
+on these runs: every agent trained on rows of its own in every step; each model's rollout server received new
+weights from its own actor after every step (three servers, all fingerprints different); the resumed servers start
+from the weights the first run ended with; each agent's dumped rows are its own (alice's prompts offer ``read_a``
+only, bob's ``read_b`` only, main's the two ``ask_*`` tools); the checkpoint holds the three agents.
 """
 
 from __future__ import annotations
