@@ -104,14 +104,17 @@ def sub_prompt(agent: str, task: str) -> list[dict[str, str]]:
 
 
 def score(role: str, text: str, ground_truth: str, agent: str) -> float:
-    """The main agent: 1 for the exact code, 0.05 for two other ASCII digits, else 0. A specialist: 1 for its own
-    digit, else 0 (no credit for a wrong digit: with it, RL taught the specialists to say one fixed digit)."""
+    """A specialist: 1 for its own digit, else 0. The main agent: half a point per right digit of a two-character
+    answer, else 0. What was tried first: a wrong digit paid 0.05 to the specialists, and two wrong digits 0.05 to
+    the main agent. The specialists then learnt to say one fixed digit. The main agent learnt to make up two digits
+    after alice's "?" instead of asking bob (bob's rows fell from 49 to 5 a step in 4 steps). A main agent paid
+    per right digit gains from asking bob, whatever alice said."""
     answer, truth = str(text).strip(), str(ground_truth).strip()
+    if len(truth) != 2:
+        return 0.0
     if role == "sub":
-        return float(agent in PARTS and len(truth) == 2 and answer == truth[PARTS[agent]])
-    if answer == truth:
-        return 1.0
-    return 0.05 if len(answer) == len(truth) and all("0" <= c <= "9" for c in answer) else 0.0
+        return float(agent in PARTS and answer == truth[PARTS[agent]])
+    return sum(a == t for a, t in zip(answer, truth)) / 2 if len(answer) == 2 else 0.0
 
 
 # ------------------------------------------------------------------------------------------ demonstrations
