@@ -8,16 +8,14 @@ prompts, the tool, the scores: ``docs/multi_agent.md``, "The relay tasks".
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mgrpo_verl.envs import echo
 from mgrpo_verl.envs.splits import write_splits
+from mgrpo_verl.user_code import load_function
 
 DATA_SOURCE = "mgrpo_verl/relay"
 
@@ -117,40 +115,7 @@ def load_scorer(spec: str | None) -> Scorer:
     """
     if not spec:
         return default_scorer
-    return _load_function(spec, "scorer")
-
-
-def _load_function(spec: str, key: str) -> Callable[..., Any]:
-    """The function named by ``multi_agent.delegation.<key>``: ``"module:function"`` or ``"file.py:function"`` (a
-    relative file against the current directory; ``main_ppo`` makes it absolute against the launch directory before
-    Ray starts, ``mgrpo_verl.launcher.hooks``). Errors name the key, the file or module, and the function."""
-    target, _, name = str(spec).rpartition(":")
-    where = f"multi_agent.delegation.{key}={spec!r}"
-    if not target or not name:
-        raise ValueError(f"multi_agent.delegation.{key} must be 'module:function' or 'file.py:function', got {spec!r}")
-    if target.endswith(".py"):
-        path = os.path.abspath(os.path.expanduser(target))
-        if not os.path.isfile(path):
-            raise ValueError(f"{where}: no such file {path} (a relative path is resolved against the launch directory)")
-        try:
-            module_spec = importlib.util.spec_from_file_location(f"mgrpo_relay_{key}_{abs(hash(path))}", path)
-            if module_spec is None or module_spec.loader is None:
-                raise ImportError(f"cannot load {path}")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        except Exception as e:  # the file itself raises (a syntax error, a failing import)
-            raise ValueError(f"{where}: loading {path} failed: {type(e).__name__}: {e}") from e
-        source = path
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as e:
-            raise ValueError(f"{where}: {type(e).__name__}: {e}") from e
-        source = f"module {target}"
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"{where}: {source} has no function {name!r}")
-    return fn
+    return load_function(spec, "multi_agent.delegation.scorer")
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **_: Any) -> float:
@@ -224,7 +189,7 @@ def load_sub_prompt(spec: str | None) -> SubPrompt:
     """
     if not spec:
         return tool_sub_messages
-    return _load_function(spec, "sub_prompt")
+    return load_function(spec, "multi_agent.delegation.sub_prompt")
 
 
 def secret_tools_kwargs(digit: str) -> dict[str, Any]:

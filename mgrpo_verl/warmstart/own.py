@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mgrpo_verl.trainer.checkpoints import fsync_tree
+from mgrpo_verl.user_code import load_function
 from mgrpo_verl.warmstart import build, sft
 from mgrpo_verl.warmstart.demos import MESSAGES_KEY, TOOLS_KEY
 
@@ -231,31 +231,8 @@ def load_demos(spec: str) -> Callable[..., Any]:
         ValueError: naming :data:`DEMOS_KEY`, the file or module and the function: no such file or module, an
             import that fails, or a name that is not callable.
     """
-    target, _, name = spec.rpartition(":")
-    where = f"{DEMOS_KEY}={spec}"
-    if target.endswith(".py"):
-        path = _demos_file(spec)
-        module_name = f"mgrpo_warmstart_demos_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
-        try:
-            module_spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_name] = module  # dataclasses and pickling look the module up there
-            module_spec.loader.exec_module(module)
-        except Exception as err:
-            sys.modules.pop(module_name, None)
-            raise ValueError(f"{where}: loading {path} failed: {type(err).__name__}: {err}") from err
-        source = str(path)
-    else:
-        _demos_file(spec)  # on the Python path, with a file (the cache key hashes its folder)
-        try:
-            module = importlib.import_module(target)
-        except Exception as err:
-            raise ValueError(f"{where}: importing module {target!r} failed: {type(err).__name__}: {err}") from err
-        source = f"module {target}"
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"{where}: {source} has no function {name!r}")
-    return fn
+    _demos_file(spec)  # a module's too: the cache key hashes its folder
+    return load_function(spec, DEMOS_KEY)
 
 
 # ------------------------------------------------------------------------------------------ paths
