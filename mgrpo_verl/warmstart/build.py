@@ -45,7 +45,7 @@ from mgrpo_verl.trainer.checkpoints import fsync_tree
 from mgrpo_verl.warmstart import demos, sft
 
 #: Bump when the demonstrations, the SFT recipe or the evaluation change: part of every cache key.
-VERSION = "4"
+VERSION = "5"
 
 #: ``sub_model`` value: the sub-agent's SFT starts from the main agent's fine-tuned checkpoint (trained first).
 FROM_MAIN = "main"
@@ -71,16 +71,18 @@ class WarmStartSpec:
     #: needed 500 + 300 steps, at 0.1 250 + 100 (docs/warmstart.md, version 4).
     main_model: str = "tiny_init01"
     sub_model: str = FROM_MAIN
-    #: SFT steps of the sub-agent (``None``: ``sft.steps``, as the main agent)
-    sub_steps: Optional[int] = 40
+    #: SFT steps of the sub-agent (``None``: ``sft.steps``, as the main agent). 150: the copy of its tool's digit,
+    #: shown in 40 % of its demonstrations, is learnt by then (docs/warmstart.md, version 5; 40 in version 4)
+    sub_steps: Optional[int] = 150
     #: SFT steps of the main agent after a warm restart: a second verl SFT run from its first run's checkpoint
     #: (optimizer state and lr warm-up afresh); 0: none. A run stuck with some digits uncopied gets unstuck within
     #: 50-75 steps of the restart (docs/warmstart.md, version 4)
     main_restart_steps: int = 100
-    #: fraction of the sub-agent's demonstrations that report the secret; the others report the stock
-    #: non-answer :data:`~mgrpo_verl.warmstart.demos.SUB_FALLBACK_REPORT`: the sub-agent starts unreliable,
-    #: and only training the sub-agent can fix it (docs/warmstart.md, version 3)
-    sub_report_accuracy: float = 0.3
+    #: fraction of the sub-agent's demonstrations that call its tool and report the secret; the others answer the
+    #: stock non-answer :data:`~mgrpo_verl.warmstart.demos.SUB_FALLBACK_REPORT` without calling: the sub-agent
+    #: starts lazy (its greedy answer is the fallback), and only training the sub-agent can fix it
+    #: (docs/warmstart.md, versions 3 and 5; 0.3 in version 4)
+    sub_report_accuracy: float = 0.4
     n_train: int = 256
     n_val: int = 32
     data_seed: int = 0

@@ -51,10 +51,10 @@ TASK_PHRASES = (
 #: The agents whose turns are demonstrated, in order.
 AGENTS = ("main", "sub")
 
-#: What the demonstrated sub-agent reports instead of the secret when its demonstration is drawn wrong
-#: (``sub_report_accuracy`` < 1): a stock non-answer, the same for every secret, so the main agent cannot
-#: map it back to the secret and only the sub-agent itself can do better; not a digit, so that RL pushing
-#: it down never pushes down a right answer (docs/warmstart.md, version 3).
+#: What the demonstrated sub-agent answers, at once and without calling its tool, when its demonstration is
+#: drawn lazy (``sub_report_accuracy`` < 1): a stock non-answer, the same for every secret, so the main agent
+#: cannot map it back to the secret and only the sub-agent itself can do better; not a digit, so that RL pushing
+#: it down never pushes down a right answer (docs/warmstart.md, versions 3 and 5).
 SUB_FALLBACK_REPORT = "?"
 
 
@@ -122,9 +122,15 @@ class RelayToolsDemos:
         sub_prompt: str | None = None,
         sub_report_accuracy: float = 1.0,
     ):
-        """``sub_report_accuracy``: the fraction of the sub-agent's demonstrations whose report is the secret
-        (the others report :data:`SUB_FALLBACK_REPORT`, drawn per episode); the main agent's demonstrations
-        always copy the report they are given. 1 (default): every demonstration is correct."""
+        """``sub_report_accuracy``: the fraction of the sub-agent's demonstrations that call ``read_secret`` and
+        report the secret; the others answer :data:`SUB_FALLBACK_REPORT` at once, without calling (drawn per
+        episode). The main agent's demonstrations always copy the report they are given. 1 (default): every
+        demonstration is correct.
+
+        Why lazy demonstrations skip the call (version 5): shown the fallback *after* the tool response, as in
+        versions 3-4, the two answers follow the same context, and the sub-agent did not learn to copy the digit
+        (teacher-forced p 0.035 after 160 steps at 0.3, probed); skipping the call, the copy is always shown right
+        (p 0.84 after 160 steps at 0.4), and calling or not is one token that RL moves."""
         from verl.tools.tool_registry import load_all_tools
 
         from mgrpo_verl.agent_loops.tool_delegation import DelegationTool
@@ -156,13 +162,15 @@ class RelayToolsDemos:
 
         secret = _run_tool(self.sub_tools[relay.SECRET_TOOL], tools_kwargs, {})
         report = digit  # the sub-agent's last turn: the loop strips it and hands it to the main agent
-        sub_report = report if report_rng.random() < self.sub_report_accuracy else SUB_FALLBACK_REPORT
-        sub_messages = [
-            *self.sub_prompt(self.sub, task),
-            tool_call_message(relay.SECRET_TOOL, {}),
-            {"role": "tool", "content": secret},
-            {"role": "assistant", "content": sub_report},
-        ]
+        if report_rng.random() < self.sub_report_accuracy:
+            sub_messages = [
+                *self.sub_prompt(self.sub, task),
+                tool_call_message(relay.SECRET_TOOL, {}),
+                {"role": "tool", "content": secret},
+                {"role": "assistant", "content": report},
+            ]
+        else:
+            sub_messages = [*self.sub_prompt(self.sub, task), {"role": "assistant", "content": SUB_FALLBACK_REPORT}]
         main_messages = [
             *row["prompt"],
             tool_call_message(self.delegation_tool.name, {"task": task}),

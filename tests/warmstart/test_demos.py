@@ -190,15 +190,22 @@ def test_unknown_task_is_refused():
 
 
 def test_sub_report_accuracy_leaves_the_sub_agent_room():
-    """With ``sub_report_accuracy`` q the sub-agent's demonstrated report is the secret in about q of the
-    episodes and the fixed non-answer otherwise; the main agent's demonstrations still copy the secret; q = 1
-    draws exactly the episodes of the default."""
+    """With ``sub_report_accuracy`` q the sub-agent's demonstration calls its tool and reports the secret in about q
+    of the episodes, and otherwise answers the fixed non-answer at once, without a call (so the copy of the tool's
+    digit is never shown wrong); the main agent's demonstrations still copy the secret; q = 1 draws exactly the
+    episodes of the default."""
     noisy = demos.demos_for("relay_tools", sub_report_accuracy=0.3).episodes(200, 0, "train")
     reports = [e.messages["sub"][-1]["content"] for e in noisy]
     right = sum(r == e.digit for r, e in zip(reports, noisy))
     # 200 draws at p = 0.3: mean 60, std 6.5; the draw is seeded, so this count is fixed (53 when written)
     assert 40 <= right <= 80
-    assert all(r == demos.SUB_FALLBACK_REPORT for r, e in zip(reports, noisy) if r != e.digit)
+    for e in noisy:
+        roles = [m["role"] for m in e.messages["sub"]]
+        if e.messages["sub"][-1]["content"] == e.digit:  # called: prompt, call, the tool's answer, the digit
+            assert roles == ["user", "assistant", "tool", "assistant"] and e.digit in e.messages["sub"][2]["content"]
+        else:  # lazy: the prompt, then the fallback, no call
+            assert roles == ["user", "assistant"] and e.messages["sub"][-1]["content"] == demos.SUB_FALLBACK_REPORT
+            assert not e.messages["sub"][-1].get("tool_calls")
     assert not demos.SUB_FALLBACK_REPORT.isdigit()  # pushing it down never pushes down a right answer
     assert all(e.messages["main"][-1]["content"] == e.digit == e.messages["main"][-2]["content"] for e in noisy)
     # the report is drawn from its own stream: the main agent's demonstrations do not depend on the accuracy
