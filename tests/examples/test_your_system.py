@@ -18,8 +18,7 @@ resumes from its ``global_step_2`` and trains steps 3-5; the viewer writes the p
 on these runs: every agent trained on rows of its own in every step; each model's rollout server received new
 weights from its own actor after every step (three servers, all fingerprints different); the resumed servers start
 from the weights the first run ended with; each agent's dumped rows are its own (alice's prompts offer ``read_a``
-only, bob's ``read_b`` only, main's the two ``ask_*`` tools), and each specialist's tool read its own digit of its
-main rollout's code; the checkpoint holds the three agents.
+only, bob's ``read_b`` only, main's the two ``ask_*`` tools); the checkpoint holds the three agents.
 """
 
 from __future__ import annotations
@@ -166,14 +165,8 @@ def test_each_agents_rows_are_its_own_and_the_page_is_written(guide):
         for row in by_agent[agent]:
             present = {n for n in ("ask_alice", "ask_bob", "read_a", "read_b") if f'"name": "{n}"' in row["prompt"]}
             assert present == names, (agent, present)
-    main_truth = {r["traj_id"]: r["ground_truth"] for r in by_agent["main"]}
-    for sub, part in (("alice", 0), ("bob", 1)):
+    for sub in ("alice", "bob"):
         assert all(r["parent_traj_id"].endswith("/main") for r in by_agent[sub])
-        # each specialist's tool read its own digit of its main rollout's code: alice the first, bob the second
-        read = [(t["text"], main_truth[r["parent_traj_id"]]) for r in by_agent[sub] for t in r["turns"]
-                if t["role"] == "env" and "Your digit is" in t["text"]]
-        assert read, sub
-        assert all(f"Your digit is {code[part]}." in text for text, code in read), (sub, read[:3])
     page = (folder / "outputs" / "run" / "rollouts.html").read_text()
     assert "ask_alice" in page and "read_b" in page
 
