@@ -2,7 +2,7 @@
 # Sets everything up, then runs the main job on the embedded default: `python -m mgrpo_verl.main_ppo`
 # (verl's trainer on CPU: M-GRPO on the relay_tools task, a main agent that delegates by a tool call to a
 # tool-using sub-agent, both tiny Qwen2 models built locally and warm-started by verl's SFT trainer; the
-# warm start is built on the first run (about 3 min on 2 cores) and cached, then 15 steps take about
+# warm start is built on the first run (about 6-7 min on 2 shared cores, version 5) and cached, then 15 steps take about
 # 2.5 min). Extra arguments are Hydra overrides, e.g. `trainer.total_training_steps=30`; `task=relay` runs
 # the forced relay with random models instead.
 set -euo pipefail
