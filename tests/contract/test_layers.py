@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mgrpo_verl"
 
 #: Top-level parts of the package, lowest layer first. A part may import its own layer or a lower one.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("algorithms", "models", "platform", "progress", "rowmeta"),
+    ("algorithms", "models", "platform", "progress", "rowmeta", "user_code"),
     ("__init__", "config", "envs", "testing"),
     ("hf_rollout", "vllm_rollout", "store"),
     ("agent_loops",),
