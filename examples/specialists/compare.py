@@ -34,7 +34,9 @@ VARIANTS = {
     "frozen_bob": ["multi_agent.agents.bob.trainable=false"],
     "single": ["multi_agent.algorithm=grpo", "multi_agent.agents.alice.share_model_with=main",
                "multi_agent.agents.bob.share_model_with=main", "trainer.n_gpus_per_node=1",
-               f"actor_rollout_ref.rollout.multi_turn.tool_config_path={HERE / 'tools_single.yaml'}"],
+               f"actor_rollout_ref.rollout.multi_turn.tool_config_path={HERE / 'tools_single.yaml'}",
+               # the main prompt with four tool schemas is 711 tokens: at specialists.yaml's 576 verl cut its head
+               "data.max_prompt_length=768"],
 }
 
 
