@@ -42,14 +42,14 @@ def test_relay_tools_preset_sets_the_tool_task_and_the_warm_started_models():
     assert cfg.data.max_prompt_length == evaluate.PROMPT_LENGTH
     assert cfg.data.max_response_length == evaluate.RESPONSE_LENGTH
     assert cfg.multi_agent.delegation.sub_response_tokens == evaluate.SUB_RESPONSE_TOKENS
-    # each agent's own learning rate, as its workers get it: the main agent keeps its warm start at 3e-4,
-    # the sub-agent (the learner) trains at 1e-3; neither at the random models' 1e-2
+    # each agent's own learning rate, as its workers get it: 3e-4 for both (the sub-agent's at 1e-3 collapsed in
+    # one run of two, docs/warmstart.md version 5); neither at the random models' 1e-2
     from mgrpo_verl.config.plan import build_plan
     from mgrpo_verl.config.rules import agent_full_config
 
     specs = build_plan(cfg).multi_agent.agents
     lrs = {name: agent_full_config(cfg, spec).actor_rollout_ref.actor.optim.lr for name, spec in specs.items()}
-    assert lrs == {"main": 3e-4, "sub": 1e-3}
+    assert lrs == {"main": 3e-4, "sub": 3e-4}
     tools = OmegaConf.select(cfg, f"{SUB}.rollout.multi_turn.tool_config_path")
     assert Path(tools).name == "relay_sub_tools.yaml" and Path(tools).is_file()
     # the default warm start of the task: every setting null (the CLI's defaults)
