@@ -35,7 +35,16 @@ def load_function(spec: str, key: str) -> Callable[..., Any]:
         if not os.path.isfile(path):
             raise ValueError(f"{where}: no such file {path} (a relative path is resolved against the launch directory)")
         module_name = f"mgrpo_user_{hashlib.sha256(path.encode()).hexdigest()[:16]}"
-        module = _exec_file(path, module_name, where)
+        try:
+            module_spec = importlib.util.spec_from_file_location(module_name, path)
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_name] = module
+            module_spec.loader.exec_module(module)
+        except Exception as err:  # the file itself raises (a syntax error, a failing import)
+            sys.modules.pop(module_name, None)
+            raise ValueError(f"{where}: loading {path} failed: {type(err).__name__}: {err}") from err
         source = path
     else:
         try:
@@ -48,16 +57,3 @@ def load_function(spec: str, key: str) -> Callable[..., Any]:
         raise ValueError(f"{where}: {source} has no function {name!r}")
     return fn
 
-
-def _exec_file(path: str, module_name: str, where: str) -> Any:
-    try:
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
-        module_spec.loader.exec_module(module)
-    except Exception as err:  # the file itself raises (a syntax error, a failing import)
-        sys.modules.pop(module_name, None)
-        raise ValueError(f"{where}: loading {path} failed: {type(err).__name__}: {err}") from err
-    return module

@@ -160,9 +160,9 @@ class RelayToolsDemos:
         tools_kwargs = row["extra_info"]["tools_kwargs"]
         task = rng.choice(TASK_PHRASES)
 
-        secret = _run_tool(self.sub_tools[relay.SECRET_TOOL], tools_kwargs, {})
         report = digit  # the sub-agent's last turn: the loop strips it and hands it to the main agent
         if report_rng.random() < self.sub_report_accuracy:
+            secret = _run_tool(self.sub_tools[relay.SECRET_TOOL], tools_kwargs, {})
             sub_messages = [
                 *self.sub_prompt(self.sub, task),
                 tool_call_message(relay.SECRET_TOOL, {}),
