@@ -11,8 +11,8 @@ publication it shares (:func:`~mgrpo_verl.warmstart.build.train_agent`, ``build_
   plan as the rollout offers them (the agent's own verl tools, plus ``ask_<sub>`` per sub-agent for the main agent).
   The cache key cannot hash them (the ``mgrpo_warmstart`` resolver does not see the plan), so the manifest records
   them and a cached warm start whose tools differ is refused (:class:`StaleTools`), naming the folder to delete;
-* the cache key hashes every ``*.py`` file in the demos file's folder (not its subfolders, not its data files): an
-  edit of the demonstration code builds a new warm start;
+* the cache key hashes the demos file and the files of its folder it imports (:func:`local_imports`; not its data
+  files): an edit of the demonstration code builds a new warm start, an edit of a script beside it does not;
 * agents are named by the user and fine-tuned in the order listed, each from a base model or from the fine-tuned
   checkpoint of an agent listed before it; there is no held-out evaluation (RL's validation measures it).
 
@@ -215,13 +215,51 @@ def _demos_file(spec: str) -> Path:
 
 def demos_code(spec: str) -> dict[str, Any]:
     """What the cache key hashes of the demonstrations' code: the function's name, its file's name, and the sha256 of
-    every ``*.py`` file in that file's folder (not the folder's path: a copied project finds its cache)."""
+    that file and of every file of its folder it imports (:func:`local_imports`), by path relative to the folder (not
+    the folder's path: a copied project finds its cache)."""
     path = _demos_file(spec)
     return {
         "function": spec.rpartition(":")[2],
         "file": path.name,
-        "py": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.parent.glob("*.py"))},
+        "py": {p.relative_to(path.parent).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+               for p in local_imports(path)},
     }
+
+
+def local_imports(path: Path) -> list[Path]:
+    """``path`` and the ``.py`` files under its folder that it imports, directly or through each other, read from the
+    source (``import x``, ``from x import y``, ``from . import y``; nothing is executed). A script beside the
+    demonstrations that they do not import (a launcher, a report) is not among them, so editing it keeps the cache.
+    Not seen: imports built at run time (``importlib.import_module(name)``) and data files."""
+    import ast
+
+    root, found, todo = path.parent, [], [path]
+    while todo:
+        file = todo.pop()
+        if file in found:
+            continue
+        found.append(file)
+        try:
+            tree = ast.parse(file.read_bytes(), filename=str(file))
+        except (SyntaxError, ValueError):
+            continue  # loading the file reports it, naming the file
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                names = [base] if base else []
+                names += [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                for k in range(1, len(parts) + 1):
+                    for candidate in (root.joinpath(*parts[:k]).with_suffix(".py"),
+                                      root.joinpath(*parts[:k], "__init__.py")):
+                        if candidate.is_file():
+                            todo.append(candidate)
+    return sorted(found)
 
 
 def load_demos(spec: str) -> Callable[..., Any]:
@@ -231,7 +269,7 @@ def load_demos(spec: str) -> Callable[..., Any]:
         ValueError: naming :data:`DEMOS_KEY`, the file or module and the function: no such file or module, an
             import that fails, or a name that is not callable.
     """
-    _demos_file(spec)  # a module's too: the cache key hashes its folder
+    _demos_file(spec)  # a module's too: the cache key hashes its file
     return load_function(spec, DEMOS_KEY)
 
 

@@ -277,17 +277,42 @@ def test_the_cache_key_hashes_the_demos_code_and_not_its_folder(demos_file, tmp_
         (demos_file.parent / "notes.txt").write_text("not code")
         (demos_file.parent / "sub").mkdir()
         (demos_file.parent / "sub" / "deep.py").write_text("x = 1")
-        assert own.cache_key(spec) == key  # only the *.py files of the demos file's folder
+        (demos_file.parent / "compare.py").write_text("import demos")  # a script beside it, which it does not import
+        assert own.cache_key(spec) == key
         copy = tmp_path / "elsewhere"
         shutil.copytree(demos_file.parent, copy)
         assert own.cache_key(own.OwnSpec(f"{copy / 'demos.py'}:demonstrations", spec.agents, 16, 4)) == key
         demos_file.write_text(DEMOS + "\n# an edit\n")
         edited = own.cache_key(spec)
         assert edited != key
-        (demos_file.parent / "prompts.py").write_text("SYSTEM = 'x'")  # a helper next to it
-        assert own.cache_key(spec) not in (key, edited)
-        assert own.cache_key(own.OwnSpec(f"{demos_file}:other", spec.agents, 16, 4)) != own.cache_key(spec)
-        assert own.cache_key(own.OwnSpec(spec.demos, spec.agents, 16, 4, data_seed=1)) != own.cache_key(spec)
+        assert own.cache_key(own.OwnSpec(f"{demos_file}:other", spec.agents, 16, 4)) != edited
+        assert own.cache_key(own.OwnSpec(spec.demos, spec.agents, 16, 4, data_seed=1)) != edited
+
+
+def test_the_cache_key_follows_the_demos_file_s_local_imports(tmp_path):
+    # demos.py imports prompts (a sibling) and sub.deep (a subpackage); prompts imports helpers; unused.py is never
+    # imported; os and json are not files of the folder
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "__init__.py").write_text("")
+    (tmp_path / "sub" / "deep.py").write_text("X = 1")
+    (tmp_path / "helpers.py").write_text("Y = 2")
+    (tmp_path / "prompts.py").write_text("from helpers import Y")
+    (tmp_path / "unused.py").write_text("Z = 3")
+    demos = tmp_path / "demos.py"
+    demos.write_text("import os, json\nimport prompts\nfrom sub import deep\n")
+    assert [p.name for p in own.local_imports(demos)] == ["demos.py", "helpers.py", "prompts.py", "__init__.py",
+                                                            "deep.py"]
+    spec = f"{demos}:demonstrations"
+    before = own.demos_code(spec)
+    assert sorted(before["py"]) == ["demos.py", "helpers.py", "prompts.py", "sub/__init__.py", "sub/deep.py"]
+    (tmp_path / "unused.py").write_text("Z = 4")
+    assert own.demos_code(spec) == before
+    (tmp_path / "helpers.py").write_text("Y = 5")  # imported through prompts
+    assert own.demos_code(spec) != before
+    demos.write_text("from . import prompts\n")  # a relative import of a sibling
+    assert sorted(own.demos_code(spec)["py"]) == ["demos.py", "helpers.py", "prompts.py"]
+    demos.write_text("def broken(:\n")  # unparsable: the file itself is still hashed; loading it names the error
+    assert sorted(own.demos_code(spec)["py"]) == ["demos.py"]
 
 
 def test_the_resolver_names_each_agent_s_folder_and_builds_nothing(plan, demos_file, tmp_path, cache_dir):
