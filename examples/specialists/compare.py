@@ -126,11 +126,26 @@ def report(runs: Path, out: Path | None) -> str:
             + " | last, per seed | seconds per run |")
     table = "\n".join([head, "|" + "---|" * (len(header_steps) + 4), *rows]) + "\n"
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "specialists_baselines.md").write_text(
-            "Held-out exact accuracy (greedy, 32 held-out codes; mean ± std over seeds), "
-            "written by examples/specialists/compare.py report.\n\n" + table)
+        write_table(out / "specialists_baselines.md", table)
     return table
+
+
+BEGIN, END = "<!-- compare.py report: begin -->", "<!-- compare.py report: end -->"
+
+
+def write_table(page: Path, table: str) -> None:
+    """Put ``table`` between :data:`BEGIN` and :data:`END` in ``page``, keeping what is written around them (the
+    notes on the runs); a page without them gets a heading line and the table."""
+    block = f"{BEGIN}\n{table}{END}\n"
+    text = page.read_text() if page.is_file() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1].removeprefix("\n")
+    else:
+        text = ("Held-out exact accuracy (greedy, 32 held-out codes; mean ± std over seeds), written by "
+                "examples/specialists/compare.py report.\n\n" + block + ("\n" + text if text else ""))
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("overrides", nargs="*", help="extra Hydra overrides of every run")
     p = sub.add_parser("report")
     p.add_argument("--runs", type=Path, default=HERE / "outputs" / "compare")
-    p.add_argument("--out", type=Path, default=None, help="also write specialists_baselines.md here")
+    p.add_argument("--out", type=Path, default=None,
+                   help="also write the table into specialists_baselines.md here (its notes are kept)")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.out, args.seeds, args.variants, args.steps, args.overrides)

@@ -79,3 +79,22 @@ def test_the_tool_reads_its_own_digit_of_its_sample(S):
 
     assert asyncio.run(read(0, "37")) == "Your digit is 3." and asyncio.run(read(1, "37")) == "Your digit is 7."
     assert asyncio.run(read(1, None)).startswith("<error")  # a row without a code is an error the model sees
+
+
+def test_the_report_rewrites_its_table_and_keeps_the_notes(tmp_path):
+    spec = importlib.util.spec_from_file_location("specialists_compare_under_test", PATH.with_name("compare.py"))
+    compare = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare)
+    page = tmp_path / "results" / "specialists_baselines.md"
+    compare.write_table(page, "| old |\n")
+    first = page.read_text()
+    assert first.startswith("Held-out exact accuracy") and "| old |\n" in first
+    page.write_text(first + "\nNotes written by hand.\n")
+    compare.write_table(page, "| new |\n")
+    text = page.read_text()
+    # the table between the markers replaced, the heading and the notes kept, once each
+    assert text == first.replace("| old |", "| new |") + "\nNotes written by hand.\n"
+    existing = tmp_path / "plain.md"
+    existing.write_text("Notes of a page without markers.\n")
+    compare.write_table(existing, "| t |\n")
+    assert existing.read_text().endswith(f"{compare.END}\n\nNotes of a page without markers.\n")
