@@ -228,8 +228,9 @@ def demos_code(spec: str) -> dict[str, Any]:
 
 def local_imports(path: Path) -> list[Path]:
     """``path`` and the ``.py`` files under its folder that it imports, directly or through each other, read from the
-    source (``import x``, ``from x import y``, ``from . import y``; nothing is executed). A script beside the
-    demonstrations that they do not import (a launcher, a report) is not among them, so editing it keeps the cache.
+    source (``import x``, ``from x import y``, ``from . import y``, ``from mypkg.x import y`` in a module of
+    ``mypkg``; nothing is executed). A script beside the demonstrations that they do not import (a launcher, a
+    report) is not among them, so editing it keeps the cache.
     Not seen: imports built at run time (``importlib.import_module(name)``) and data files."""
     import ast
 
@@ -253,12 +254,15 @@ def local_imports(path: Path) -> list[Path]:
             else:
                 continue
             for name in names:
+                # every tail of the dotted name too: in a package's module, ``from mypkg.prompts import X`` names the
+                # sibling ``prompts.py`` (one file too many only hashes more; one too few would keep a stale cache)
                 parts = name.split(".")
-                for k in range(1, len(parts) + 1):
-                    for candidate in (root.joinpath(*parts[:k]).with_suffix(".py"),
-                                      root.joinpath(*parts[:k], "__init__.py")):
-                        if candidate.is_file():
-                            todo.append(candidate)
+                for i in range(len(parts)):
+                    for k in range(i + 1, len(parts) + 1):
+                        for candidate in (root.joinpath(*parts[i:k]).with_suffix(".py"),
+                                          root.joinpath(*parts[i:k], "__init__.py")):
+                            if candidate.is_file():
+                                todo.append(candidate)
     return sorted(found)
 
 

@@ -311,6 +311,8 @@ def test_the_cache_key_follows_the_demos_file_s_local_imports(tmp_path):
     assert own.demos_code(spec) != before
     demos.write_text("from . import prompts\n")  # a relative import of a sibling
     assert sorted(own.demos_code(spec)["py"]) == ["demos.py", "helpers.py", "prompts.py"]
+    demos.write_text("from mypkg.prompts import Y\n")  # a module of package mypkg naming its sibling absolutely
+    assert sorted(own.demos_code(spec)["py"]) == ["demos.py", "helpers.py", "prompts.py"]
     demos.write_text("def broken(:\n")  # unparsable: the file itself is still hashed; loading it names the error
     assert sorted(own.demos_code(spec)["py"]) == ["demos.py"]
 
