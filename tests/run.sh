@@ -5,4 +5,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../recipes/setup_env.sh"
 cd "$MGRPO_ROOT"
 python -m ruff check mgrpo_verl tests benchmarks recipes examples  # lint first: seconds, and it names the line
-python -m pytest tests "$@"
+python -m pytest tests --durations=25 "$@"  # the 25 slowest at the end: where the time goes
