@@ -46,7 +46,7 @@ __all__ = [
 
 
 def register_cpu_platform() -> bool:
-    """Register the CPU platform with verl and, if it is this process's platform, its engines and patch.
+    """Register the CPU platform with verl and, if it is this process's platform, its engines and patches.
 
     Idempotent. Returns whether the CPU platform is (to be) used in this process. Raises ``ValueError``
     for an invalid ``MGRPO_VERL_DEVICE`` or one that contradicts ``VERL_PLATFORM``.
@@ -70,17 +70,18 @@ def register_cpu_platform() -> bool:
         if not use_cpu and cpu_platform_wanted():
             logger.warning(
                 "verl already resolved platform %r before the CPU platform was registered; "
-                "the CPU engines and patch are not installed",
+                "the CPU engines and patches are not installed",
                 resolved.device_name,
             )
     else:
         use_cpu = cpu_platform_wanted()
 
     if use_cpu:
-        from mgrpo_verl.platform import engines, verl_cpu_process_group
+        from mgrpo_verl.platform import engines, verl_cpu_logprobs, verl_cpu_process_group
 
         engines.register_cpu_engines_when_imported()
         verl_cpu_process_group.apply()
+        verl_cpu_logprobs.apply_when_imported()
     return use_cpu
 
 

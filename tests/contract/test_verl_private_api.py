@@ -21,8 +21,8 @@ its own code sets and reads, a key format, what a method does besides its return
 Covered elsewhere, referenced rather than repeated: the attributes verl's four step methods read on
 ``self`` (``AgentView``, tests/contract/test_agent_view.py); the replica-rank seams of rollout adapters
 (``replica_rank`` constructor argument, ``init_hybrid`` slicing, ``rollout_replica_class`` with verl's
-real classes: tests/trainer/test_vllm_seams.py; here only their hash / hook checks); the two runtime patches (tests/platform/test_verl_patch.py,
-tests/platform/test_verl_offload_patch.py).
+real classes: tests/trainer/test_vllm_seams.py; here only their hash / hook checks); the runtime patches (tests/platform/test_verl_patch.py,
+tests/platform/test_verl_offload_patch.py, tests/platform/test_verl_logprobs_patch.py).
 
 When a hash fails: read verl's new source of that name, adapt the user named in the message, then record
 the new hash printed in the message.
@@ -299,6 +299,14 @@ SEAMS: tuple[Seam, ...] = (
     Seam("verl.workers.engine.fsdp.transformer_impl:FSDPEngine._build_fsdp_module", ("mgrpo_verl/platform/verl_cpu_offload_pinning.py",),
          "patched; hash-guarded by the patch itself (tests/platform/test_verl_offload_patch.py)",
          behaviour="patch_guarded"),
+    Seam("verl.utils.torch_functional:logprobs_from_logits_v2", ("mgrpo_verl/platform/verl_cpu_logprobs.py",),
+         "patched on CPU (its row loop runs per token there); hash-guarded with its dispatcher by the patch itself, "
+         "through the original when applied (tests/platform/test_verl_logprobs_patch.py)",
+         behaviour="logprobs_patch_guarded"),
+    Seam("verl.utils.torch_functional:logprobs_from_logits", ("mgrpo_verl/platform/verl_cpu_logprobs.py",),
+         "its fallback branch looks logprobs_from_logits_v2 up in the module's globals at each call, which is what "
+         "makes the patch's attribute swap reach it; hash-guarded by the patch",
+         behaviour="logprobs_patch_guarded"),
     Seam("verl.utils.dataset.multiturn_sft_dataset:MultiTurnSFTDataset._read_files_and_process",
          ("mgrpo_verl/warmstart/dataset.py",),
          "overridden by the warm start's SFT dataset: verl's reads the parquet and sets self.tools, ours then "
@@ -593,11 +601,20 @@ def patch_guarded(seam: Seam) -> None:
     resolve(seam.target)
 
 
+def logprobs_patch_guarded(seam: Seam) -> None:
+    from mgrpo_verl.platform import verl_cpu_logprobs as patch
+
+    module, name = seam.target.split(":")
+    assert module == patch.TARGET_MODULE and name in patch.RECORDED_SOURCE_SHA256, f"{_where(seam)}"
+    assert name not in patch.upstream_drift(), f"{_where(seam)}: verl's source changed"
+
+
 BEHAVIOURS: dict[str, Callable[[Seam], None]] = {
     f.__name__: f
     for f in (trainer_mode_readers, pool_attribute_readers, fields_none_reads_all, key_format_and_reward_copy,
               keys_parsed_with_rsplit, ray_actor_class, tool_loop_attributes, agent_loop_registry, rollout_registry,
               replica_registry, replica_class_hook, replica_server_fields, client_load_balancer, platform_singleton, engine_registry,
+              logprobs_patch_guarded,
               patch_guarded)
 }
 
