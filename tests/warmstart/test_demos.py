@@ -13,6 +13,7 @@ import asyncio
 import json
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.tool_parser import HermesToolParser
 from verl.workers.rollout.replica import TokenOutput
@@ -231,3 +232,21 @@ def test_fit_max_length_is_the_longest_demonstration_rounded_up_to_64(sft_files,
         fitted = fit_max_length(files, tiny_paths.tokenizer_dir)
         assert fitted % 64 == 0 and longest <= fitted < longest + 64, (agent, longest, fitted)
         assert fitted < 1024  # verl's default, which padded these ~400-token demonstrations 2.4 times over
+
+
+def test_each_demonstration_is_tokenised_once_and_handed_out_as_copies(sft_files, tokenizer, monkeypatch):
+    from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
+
+    builds = []
+    verls = MultiTurnSFTDataset.__getitem__
+    monkeypatch.setattr(MultiTurnSFTDataset, "__getitem__", lambda self, item: builds.append(item) or verls(self, item))
+    dataset = JsonToolsSFTDataset(str(sft_files["main"]["train"]), tokenizer,
+                                  OmegaConf.create({"pad_mode": "right", "max_length": 512}))
+    first = dataset[3]
+    first["input_ids"][0] = -1  # a caller changing what it got (collation, in place) changes nothing kept
+    again = dataset[3]
+    assert builds == [3]  # verl's tokenisation ran once for item 3
+    fresh = verls(dataset, 3)
+    assert again.keys() == fresh.keys() and all(torch.equal(again[k], fresh[k]) for k in fresh)
+    dataset[4]
+    assert builds == [3, 4]
