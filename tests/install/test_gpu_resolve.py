@@ -56,6 +56,7 @@ def find_links(tmp_path_factory):
     return out
 
 
+@pytest.mark.full  # pip resolving the GPU stacks, ~2 min each; the GPU install itself is recipes/gpu_carry.sh's, tested in CI
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("extra", ["vllm", "sglang"])

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# full: stock verl's main_ppo also runs on CPU in CI, in the GPU campaign's dry run (tests/experiments/test_gpu_campaign.py, T3)
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 
 # Registers the HF rollout in every process through verl's VERL_USE_EXTERNAL_MODULES hook (harmless if
 # our plugin already does it: registration is idempotent).

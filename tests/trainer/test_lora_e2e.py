@@ -133,6 +133,7 @@ def test_two_adapters_on_one_base_train_checkpoint_resume_export(main_ppo, tmp_p
     assert torch.equal(dict(merged["sub"].named_parameters())[o], dict(base.named_parameters())[o])
 
 
+@pytest.mark.full  # a LoRA agent beside a full one: LoRA training runs end to end in test_two_adapters_on_one_base_... and in .venv-vllm
 def test_full_main_with_a_lora_sub_agent(main_ppo, tmp_path):
     """A mixed set-up: the main agent a full model, the sub-agent an adapter on its own base (the default
     sub model): two engines, the main one synced with full weights, the sub one with the adapter only."""
@@ -156,6 +157,7 @@ def test_full_main_with_a_lora_sub_agent(main_ppo, tmp_path):
         assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-5, agent
 
 
+@pytest.mark.full  # MAGRPO and adapters each run end to end in CI (test_magrpo_e2e, the test above)
 def test_magrpo_agents_as_adapters_on_one_base(main_ppo):
     """MAGRPO (writing collaboration, joint reward) with both agents as adapters on one base: one engine, each
     agent's adapter synced alone, each trained on its own rows with the joint advantages, and each agent's rollout

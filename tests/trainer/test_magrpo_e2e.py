@@ -17,6 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.full  # MAGRPO trains end to end in CI on the coding task below, the joint reward through the sandbox
 def test_two_agents_train_on_a_joint_reward(main_ppo):
     run = main_ppo("writing", "trainer.total_training_steps=2", "trainer.test_freq=2", config="magrpo_trainer")
     assert run.returncode == 0, run.log[-4000:]

@@ -43,6 +43,7 @@ def _assert_clean(temp_root: Path, proc: Proc) -> None:
     assert [p.name for p in temp_root.iterdir() if p.name.startswith("mgrpo-ray-")] == [], proc.log()[-3000:]
 
 
+@pytest.mark.full  # Ctrl-C below and tests/platform/test_ray_session.py's error case check the same clean-up
 def test_error_inside_ray_shuts_down_and_cleans_up(main_ppo, temp_root):
     # the reward workers fail to import the reward function, inside Ray (TaskRunner and workers started)
     proc = _start(main_ppo, temp_root, "reward.custom_reward_function.path=pkg://mgrpo_verl.no_such_module")

@@ -100,6 +100,7 @@ def test_frozen_sub_agent(frozen_sub_on_one_gpu):
     assert [s for s, _ in synced(frozen.log, 0)] == [0, 1]
 
 
+@pytest.mark.full  # one model in both roles: the same trainer path as two_agent_job, one model fewer
 def test_single_agent_baseline(main_ppo, tmp_path):
     """One model (one server) plays both roles and trains on all rows."""
     single = main_ppo(

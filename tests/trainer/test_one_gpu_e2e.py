@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 PLACEMENT = re.compile(r"mgrpo placement: agent (\S+) rank (\d+) pool (\S+) placement_group (\S+) bundle (\d+) gpus (\S*)")
 
 
+@pytest.mark.full  # placement=shared trains end to end in CI through frozen_sub_on_one_gpu (main updates on the shared GPU)
 def test_two_agents_train_on_one_gpu(main_ppo, tmp_path):
     run = main_ppo(
         "one_gpu",

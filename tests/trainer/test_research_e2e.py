@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 import pytest
+from e2e import MainPPO
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +25,17 @@ FIXTURES = Path(__file__).resolve().parents[1] / "envs" / "research" / "fixtures
 VAL = "val-core/mgrpo_verl/research/wiki_multihop/acc/mean@1"
 
 
-def test_train_then_evaluate_on_builtin_questions_and_gaia(main_ppo, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Step 1 of the module docstring: the training run (its ``MainPPO``, for the checkpoint and the private home)."""
+    main_ppo = MainPPO(tmp_path_factory.mktemp("research"))
     run = main_ppo("train", "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=2",
                    "data.val_max_samples=16", "research=cpu")  # fmt: skip
+    return main_ppo, run
+
+
+def test_train_on_builtin_questions(trained):
+    main_ppo, run = trained
     assert run.returncode == 0, run.log[-4000:]
     for step in (1, 2):
         m = run.at(step)
@@ -43,6 +52,14 @@ def test_train_then_evaluate_on_builtin_questions_and_gaia(main_ppo, tmp_path, m
     checkpoint = main_ppo.checkpoints / "global_step_2"
     assert (checkpoint / "agents" / "sub" / "actor").is_dir()
 
+
+# full: two more trainer runs (val-only), ~3 min on 2 cores; the training above and the evaluation's parts
+# (tests/experiments, tests/envs/research) stay in CI
+@pytest.mark.full
+def test_evaluate_the_checkpoint_and_the_untrained_baseline_on_builtin_questions_and_gaia(trained, tmp_path, monkeypatch):
+    main_ppo, run = trained
+    assert run.returncode == 0, run.log[-4000:]
+    checkpoint = main_ppo.checkpoints / "global_step_2"
     from mgrpo_verl.envs.research import loaders
     from mgrpo_verl.experiments import research_eval
 

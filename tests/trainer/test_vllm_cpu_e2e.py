@@ -69,6 +69,7 @@ def test_two_lora_agents_share_one_vllm_engine_each_served_with_its_own_adapter(
     _assert_every_sync_reaches_its_server(run)
 
 
+@pytest.mark.full  # one engine per model runs in the first test, adapters on an engine in the second
 def test_two_lora_agents_on_two_bases_get_an_engine_each(main_ppo, tmp_path):
     """Both agents as LoRA adapters (verl's model.lora_rank), each on its own base and so with its own vLLM engine
     serving its one adapter (docs/lora.md, mixed set-ups); verl's vLLM LoRA loader needs vLLM <= 0.28
