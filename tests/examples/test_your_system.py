@@ -68,6 +68,11 @@ SMALL = (
 )
 
 
+#: the tests of the guide's runs (~10 min on 2 cores): marked full; CI keeps the command-list test and
+#: tests/examples/test_specialists_parts.py
+guide_at_its_size = pytest.mark.full
+
+
 def guide_commands() -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", GUIDE.read_text(), re.S)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
@@ -121,7 +126,7 @@ def _trained(steps: dict[int, dict]) -> list[int]:
     return sorted(s for s, m in steps.items() if "agent/main/update_rows" in m)
 
 
-@pytest.mark.full  # the guide at its size (~10 min on 2 cores); CI keeps the command list above and tests/examples/test_specialists_parts.py
+@guide_at_its_size
 def test_three_models_train_checkpoint_and_resume(guide):
     folder, results = guide
     (_, first), (_, resumed) = results[0], results[1]
@@ -155,7 +160,7 @@ def test_three_models_train_checkpoint_and_resume(guide):
         assert synced(log2, replica)[0][1] == fingerprints[replica][-1][1]
 
 
-@pytest.mark.full  # the guide at its size (~10 min on 2 cores); CI keeps the command list above and tests/examples/test_specialists_parts.py
+@guide_at_its_size
 def test_each_agents_rows_are_its_own_and_the_page_is_written(guide):
     folder, results = guide
     rows = [json.loads(line) for path in sorted((folder / "outputs" / "run" / "rollouts").glob("*.jsonl"))
@@ -173,7 +178,7 @@ def test_each_agents_rows_are_its_own_and_the_page_is_written(guide):
     assert "ask_alice" in page and "read_b" in page
 
 
-@pytest.mark.full  # the guide at its size (~10 min on 2 cores); CI keeps the command list above and tests/examples/test_specialists_parts.py
+@guide_at_its_size
 def test_compare_trains_the_single_model_baseline_and_tabulates_it(guide):
     folder, results = guide
     command, report = results[-1]

