@@ -3,8 +3,9 @@ subprocesses (the plumbing is in ``e2e.py``), and the training runs that several
 test session:
 
 - ``two_agent_job``: the default two-agent job on a simulated two-node cluster (one agent pinned to each node),
-  2 steps with validation and checkpoints; checked by ``test_multi_agent_e2e.py`` (training, checkpoints, then a
-  resume on this machine's own Ray) and ``test_multinode_e2e.py`` (where Ray placed the agents);
+  2 steps with validation, checkpoints and rollout dumps; checked by ``test_multi_agent_e2e.py`` (training,
+  checkpoints, then a resume on this machine's own Ray), ``test_multinode_e2e.py`` (where Ray placed the agents)
+  and ``test_rollout_dump_e2e.py`` (the dumps, the tensorboard tables, the viewer's page);
 - ``frozen_sub_on_one_gpu``: a frozen sub-agent beside the trained main agent on one shared logical GPU, 1 step;
   checked by ``test_multi_agent_e2e.py`` (frozen) and ``test_one_gpu_e2e.py`` (shared GPU);
 - ``decoupled_on_two_machines``: decoupled M-GRPO, the main and the sub side as two processes, each joined to its
@@ -67,6 +68,7 @@ class ClusterRun:
     state: dict
     main_ppo: MainPPO
     scorer: str
+    dumps: Path  # rollouts/, validation/ and tensorboard/ of the run
 
 
 @pytest.fixture(scope="session")
@@ -74,18 +76,25 @@ def two_agent_job(tmp_path_factory) -> ClusterRun:
     """The default two-agent job (M-GRPO, two models of different sizes, KL loss, dense scorer), 2 steps, validation
     before training and after step 2, a checkpoint per step, on a two-node cluster (``node_a``, ``node_b``, one
     GPU each) joined through ``RAY_ADDRESS`` and the cluster's token alone; main is pinned to ``node_a`` and sub to ``node_b`` (against
-    Ray's own choice, which put main on ``node_b`` in every unpinned run)."""
+    Ray's own choice, which put main on ``node_b`` in every unpinned run). Its training and validation rows are
+    dumped (``trainer.rollout_data_dir``, ``trainer.validation_data_dir``) and verl's tensorboard logger is on:
+    one run for all three test files (each run is ~60-90 s of start-up)."""
     main_ppo = MainPPO(tmp_path_factory.mktemp("two_agent_job"))
     scorer = dense_scorer(main_ppo.root)
-    with simulated_cluster("node_a", "node_b") as cluster:
+    dumps = main_ppo.root / "out"
+    # verl's tensorboard logger reads TENSORBOARD_DIR in the trainer, a worker of the cluster's raylets
+    tensorboard = {"TENSORBOARD_DIR": str(dumps / "tensorboard")}
+    with simulated_cluster("node_a", "node_b", env=tensorboard) as cluster:
         run = main_ppo(
             "joint", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2", *TWO_MODELS,
             f"multi_agent.delegation.scorer={scorer}",
             "multi_agent.agents.main.node_resource=node_a", "multi_agent.agents.sub.node_resource=node_b",
-            config=MGRPO_CONFIG, env=cluster.join_env,
+            f"trainer.rollout_data_dir={dumps / 'rollouts'}", f"trainer.validation_data_dir={dumps / 'validation'}",
+            "trainer.logger=[console,file,tensorboard]",
+            config=MGRPO_CONFIG, env={**cluster.join_env, **tensorboard},
         )
         state = cluster.state() if run.returncode == 0 else {}
-        return ClusterRun(run, cluster.address, state, main_ppo, scorer)
+        return ClusterRun(run, cluster.address, state, main_ppo, scorer, dumps)
 
 
 @pytest.fixture(scope="session")

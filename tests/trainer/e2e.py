@@ -308,8 +308,9 @@ class SimulatedCluster:
 
 
 @contextmanager
-def simulated_cluster(*nodes: str) -> Iterator[SimulatedCluster]:
-    """A cluster of ``nodes`` (custom resource names), as after ``ray start --head`` / ``ray start --address``."""
+def simulated_cluster(*nodes: str, env: dict[str, str] | None = None) -> Iterator[SimulatedCluster]:
+    """A cluster of ``nodes`` (custom resource names), as after ``ray start --head`` / ``ray start --address``;
+    its raylets (hence every worker of a job on it) have ``env`` too, as a cluster started with it exported."""
     from ray.cluster_utils import Cluster
 
     from mgrpo_verl.platform.ray_session import private_temp_dir, ray_cpu_env, ray_environ
@@ -317,7 +318,7 @@ def simulated_cluster(*nodes: str) -> Iterator[SimulatedCluster]:
     with private_temp_dir() as tmp:
         # the raylets inherit this environment (and pass it to their workers): private temp dir, token
         # authentication with the token there (SimulatedCluster.join_env), loopback, no usage stats
-        with ray_environ(ray_cpu_env(tmp)):
+        with ray_environ({**ray_cpu_env(tmp), **(env or {})}):
             cluster = Cluster(
                 initialize_head=True,
                 connect=False,

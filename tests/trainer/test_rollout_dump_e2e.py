@@ -1,10 +1,10 @@
 """End to end on CPU: the rollout dumps of a short run of the real entry point, and the viewer's page of them in a
 headless browser (docs/rollouts.md).
 
-One run of ``python -m mgrpo_verl.main_ppo`` (the two-model relay job of test_multi_agent_e2e.py: tiny main and sub
-models, dense scorer), 2 steps, validation before training and after step 2, with ``trainer.rollout_data_dir``,
-``trainer.validation_data_dir`` and verl's tensorboard logger on. What the dump must say is checked against what
-the run logged itself (its metrics file):
+The run of ``python -m mgrpo_verl.main_ppo`` that test_multi_agent_e2e.py checks (conftest.py's ``two_agent_job``:
+tiny main and sub models, dense scorer, a simulated two-node cluster), 2 steps, validation before training and after
+step 2, with ``trainer.rollout_data_dir``, ``trainer.validation_data_dir`` and verl's tensorboard logger on. What the
+dump must say is checked against what the run logged itself (its metrics file):
 
 - every training row of a step is in ``<rollout_data_dir>/<step>.jsonl``: ``agent/<name>/rows`` rows per agent,
   their mean score and advantage ``agent/<name>/score/mean`` / ``advantages/mean``;
@@ -28,7 +28,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from e2e import MAIN_ROWS, MGRPO_CONFIG, TWO_MODELS, dense_scorer
+from e2e import MAIN_ROWS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "viewer"))
 
@@ -42,21 +42,11 @@ def read(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def dumped(tmp_path_factory):
-    from e2e import MainPPO
-
-    main_ppo = MainPPO(tmp_path_factory.mktemp("rollout_dump"))
-    out = main_ppo.root / "out"
-    run = main_ppo(
-        "run", "trainer.total_training_steps=2", "trainer.val_before_train=true", "trainer.test_freq=2",
-        "trainer.save_freq=-1", f"trainer.rollout_data_dir={out / 'rollouts'}",
-        f"trainer.validation_data_dir={out / 'validation'}", "trainer.logger=[console,file,tensorboard]",
-        *TWO_MODELS, f"multi_agent.delegation.scorer={dense_scorer(main_ppo.root)}", config=MGRPO_CONFIG,
-        env={"TENSORBOARD_DIR": str(out / "tensorboard")},
-    )
+def dumped(two_agent_job):
+    run = two_agent_job.run
     assert run.returncode == 0, run.log[-6000:]
     assert run.steps() == [1, 2]
-    return run, out
+    return run, two_agent_job.dumps
 
 
 def test_training_dump_matches_the_step(dumped):
