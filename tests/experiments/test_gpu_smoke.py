@@ -242,6 +242,7 @@ def test_kit_knows_the_stages_of_the_report_and_refuses_others(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # the kit's stage harness runs for real in CI through the campaign's dry run (T2, T3, in .venv-vllm)
 def test_kit_runs_stage_a1_on_cpu_labelled_cpu(tmp_path):
     """The real kit, stage A1, one training step on the CPU path: a results file labelled cpu."""
     work, out = tmp_path / "work", tmp_path / "out"
