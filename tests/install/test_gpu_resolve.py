@@ -87,7 +87,7 @@ def test_readme_gpu_command_resolves_for_python_312(extra, find_links, tmp_path)
 @pytest.mark.timeout(600)
 def test_cpu_install_keeps_the_cpu_torch(tmp_path):
     """recipes/setup_env.sh's second step on this venv (CPU torch 2.13.0 installed first) installs no torch
-    and nothing from CUDA."""
+    and nothing from CUDA: with uv (its installer, when the venv has it) and with pip (its fallback)."""
     import torch
 
     assert torch.__version__ == "2.13.0+cpu" and torch.version.cuda is None
@@ -97,3 +97,12 @@ def test_cpu_install_keeps_the_cpu_torch(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     names = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
     assert not {n for n in names if n == "torch" or n.startswith(("nvidia-", "triton"))}, names
+    uv = Path(sys.executable).parent / "uv"
+    if uv.exists():
+        done = subprocess.run([str(uv), "pip", "install", "--dry-run", "--python", sys.executable, "-e", f"{ROOT}[test]"],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        # uv lists the changes as " - name==old" / " + name==new" lines (on stderr)
+        changed = {m.group(1).lower() for m in re.finditer(r"^ [+-] ([A-Za-z0-9_.-]+)", done.stderr, flags=re.M)}
+        assert "mgrpo-verl" in changed, done.stderr  # the editable install itself is listed: the parse works
+        assert not {n for n in changed if n == "torch" or n.startswith(("nvidia-", "triton"))}, done.stderr
