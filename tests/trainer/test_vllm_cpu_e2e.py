@@ -43,6 +43,7 @@ def _assert_every_sync_reaches_its_server(run) -> None:
         assert any(run.at(s)[f"agent/{agent}/actor/grad_norm"] > 0 for s in run.steps()[:-1]), agent
 
 
+@pytest.mark.full  # two models, an engine each, every sync checked: in CI on the GPU campaign's dry run (its T2)
 def test_two_agents_train_with_their_own_vllm_servers_and_every_sync_reaches_its_server(main_ppo, tmp_path):
     run = _train(main_ppo, tmp_path, "vllm_cpu", STEPS)
     # both vLLM servers ran with reloadable weights (the patch is applied in vLLM's own processes)
