@@ -62,6 +62,7 @@ def _glibc() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # an install recipe for air-gapped GPU images, on no training path; its refusals above stay in CI
 @pytest.mark.timeout(1200)
 def test_offline_install_into_an_image_keeps_its_packages_and_shadows_one(tmp_path):
     image_site = Path(metadata.distribution("verl").locate_file(""))  # this venv's site-packages

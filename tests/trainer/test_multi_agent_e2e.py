@@ -6,7 +6,8 @@ of start-up), two of them shared with other test files (session fixtures of conf
 
 1. joint M-GRPO, 2 steps, validation before training and after step 2, a checkpoint per step (``two_agent_job``:
    run on a simulated two-node cluster, one agent per node; test_multinode_e2e.py checks the placement);
-2. the same command to step 3, on this machine's own Ray: resumes from ``global_step_2`` and runs step 3 only;
+2. the same command to step 3, on this machine's own Ray: resumes from ``global_step_2`` and runs step 3 only
+   (marked full: test_lora_e2e.py resumes two agents' checkpoints in CI);
 3. frozen sub-agent, 1 step: the main model updates, the sub model never does (``frozen_sub_on_one_gpu``: the two
    models share one logical GPU; test_one_gpu_e2e.py checks that side);
 4. single-agent baseline (``share_model_with: main``, GRPO), 1 step: one model plays both roles.
@@ -27,7 +28,7 @@ from e2e import MAIN_ROWS, MGRPO_CONFIG, TWO_MODELS, dense_scorer, synced
 pytestmark = pytest.mark.slow
 
 
-def test_two_models_train_checkpoint_and_resume(two_agent_job):
+def test_two_models_train_and_checkpoint(two_agent_job):
     first = two_agent_job.run
     assert first.returncode == 0, first.log[-6000:]
     assert first.steps() == [1, 2]
@@ -74,8 +75,14 @@ def test_two_models_train_checkpoint_and_resume(two_agent_job):
     assert (sizes["main"]["num_hidden_layers"], sizes["sub"]["num_hidden_layers"]) == (2, 1)
     assert (sizes["main"]["hidden_size"], sizes["sub"]["hidden_size"]) == (64, 32)
 
-    # resume (this machine's own Ray, no cluster to join): continues at step 3 with both models' weights as saved
-    # at step 2 (the first sync of the resumed run pushes exactly what the first run's servers held after step 2)
+
+@pytest.mark.full  # resuming two agents' checkpoints runs end to end in CI in test_lora_e2e.py (adapters, same trainer code)
+def test_two_models_resume_from_their_checkpoints(two_agent_job):
+    """Resume (this machine's own Ray, no cluster to join): continues at step 3 with both models' weights as saved
+    at step 2 (the first sync of the resumed run pushes exactly what the first run's servers held after step 2)."""
+    first, main_ppo = two_agent_job.run, two_agent_job.main_ppo
+    assert first.returncode == 0, first.log[-6000:]
+    ckpt = main_ppo.checkpoints
     second = main_ppo(
         "resume", "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=2", *TWO_MODELS,
         f"multi_agent.delegation.scorer={two_agent_job.scorer}", config=MGRPO_CONFIG,
