@@ -29,7 +29,8 @@
 # (./gpu_smoke_out, kept between calls on a warm machine, so stages run in separate calls share a report).
 # Per stage: exit code, log tail and error lines on failure, step-time split (gen / old_log_prob /
 # update_actor / update_weights), tokens/s, peak GPU memory per process (nvidia-smi every 0.5 s) and
-# torch's peaks from the metrics; GPU, driver, versions, date.
+# torch's peaks from the metrics; the listening sockets of its processes (sockets.jsonl, every 1 s) and those
+# bound beyond loopback; GPU, driver, versions, date.
 #
 # Settings (environment):
 #   MGRPO_SMOKE_DEVICE     cuda (default; refuses to run without a CUDA device) | cpu (plumbing check)
@@ -178,7 +179,7 @@ stage_args() {  # the Hydra overrides of stage $1 writing into folder $2
 }
 
 run_stage() {
-  local stage="$1" dir="$WORK/$1" rc start limit sampler=""
+  local stage="$1" dir="$WORK/$1" rc start limit sampler="" sockets
   rm -rf "$dir" && mkdir -p "$dir"
   echo "$DEVICE" > "$dir/device"
   echo "=== gpu_smoke $stage ($DEVICE): $(date -u +%H:%M:%S)" >&2
@@ -195,6 +196,8 @@ run_stage() {
   if [ "$DEVICE" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
     sample_gpu "$dir" & sampler=$!
   fi
+  # every listening socket of the stage's processes, and which are bound beyond loopback (docs/security.md)
+  "$PYTHON" -m mgrpo_verl.experiments.gpu_smoke sockets --dir "$dir" 2> "$dir/sockets.err" & sockets=$!
   case "$stage" in A*) limit="${SMOKE_TIMEOUT_S:-170}" ;; T*) limit="${SMOKE_TIMEOUT_S:-270}" ;; *) limit="${SMOKE_TIMEOUT_S:-240}" ;; esac
   # verl's own main_ppo (T1, T3) writes its metrics where VERL_FILE_LOGGER_PATH says (ours sets it from
   # mgrpo_verl.metrics_file); on CPU it also gets the environment our main_ppo gives a CPU run (a private Ray
@@ -213,6 +216,7 @@ print("\n".join(f"{k}={v}" for k, v in ray_cpu_env(sys.argv[1]).items()))' "$ray
   echo "$(date +%s.%N) $start" | awk '{printf "%.1f\n", $1 - $2}' > "$dir/seconds"
   echo "$rc" > "$dir/rc"
   [ -n "$sampler" ] && { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null; }
+  kill "$sockets" 2>/dev/null; wait "$sockets" 2>/dev/null
   if [ $rc -ne 0 ] && [ -s "$dir/smi_procs.txt" ]; then
     # GPU processes of this stage that outlived it (e.g. killed at the time limit) would skew the next stage
     # (only a pid whose command line is still the one recorded: pids may be reused or from another namespace)

@@ -445,6 +445,79 @@ def memory_peaks(samples: list[tuple[float, int, str, float]], procs: dict[int, 
 # ---------------------------------------------------------------------------------------------- stages
 
 
+# ------------------------------------------------------------------------------------------- listening sockets
+SOCKETS_FILE = "sockets.jsonl"
+#: seconds between two looks at the listening sockets (a socket that lives shorter may be missed)
+SOCKET_SAMPLE_S = 1.0
+
+
+def _on_loopback(ip: str) -> bool:
+    import ipaddress
+
+    try:
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+def listening_sockets(since: float) -> list[dict[str, Any]]:
+    """Every listening TCP socket of this user's processes started at or after ``since`` (epoch s): address, port,
+    pid and process (``ray::...`` workers by their title), and whether it is bound beyond loopback (``open``: an
+    address another machine can reach, or every interface)."""
+    import os
+
+    import psutil
+
+    uid, out = os.getuid(), []
+    for c in psutil.net_connections("inet"):
+        if c.status != psutil.CONN_LISTEN or c.pid is None:
+            continue
+        try:
+            p = psutil.Process(c.pid)
+            if p.uids().real != uid or p.create_time() < since:
+                continue
+            cmd = p.cmdline()
+            name = cmd[0] if cmd and cmd[0].startswith(("ray::", "VLLM::")) else p.name()
+        except psutil.Error:
+            continue
+        out.append({"ip": c.laddr.ip, "port": c.laddr.port, "pid": c.pid, "name": name,
+                    "open": not _on_loopback(c.laddr.ip)})
+    return out
+
+
+def cmd_sockets(args: argparse.Namespace) -> int:
+    """Append each new listening socket of the stage's processes to ``<dir>/sockets.jsonl`` every
+    :data:`SOCKET_SAMPLE_S` until stopped (SIGTERM or SIGINT), so a stage cut at its limit keeps what was seen."""
+    import signal
+    import time
+
+    since = time.time() - 1.0  # the stage starts right after this sampler
+    path = Path(args.dir) / SOCKETS_FILE
+    seen: set[tuple[str, int, int]] = set()
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    while not stop:
+        new = [s for s in listening_sockets(since) if (s["ip"], s["port"], s["pid"]) not in seen]
+        if new:
+            with path.open("a") as f:
+                for sock in new:
+                    seen.add((sock["ip"], sock["port"], sock["pid"]))
+                    f.write(json.dumps({**sock, "t": round(time.time() - since, 1)}) + "\n")
+        time.sleep(SOCKET_SAMPLE_S)
+    return 0
+
+
+def socket_summary(text: str) -> dict[str, Any]:
+    """What ``sockets.jsonl`` says: how many listening sockets were seen, and those bound beyond loopback."""
+    socks = [json.loads(line) for line in text.splitlines() if line.strip()]
+    opened = sorted({(s["ip"], s["port"], s["name"]) for s in socks if s.get("open")})
+    return {"sampled": bool(text), "listening": len(socks),
+            "beyond_loopback": [{"ip": ip, "port": port, "name": name} for ip, port, name in opened]}
+
+
 def _read(path: Path, default: str = "") -> str:
     return path.read_text(errors="replace") if path.is_file() else default
 
@@ -500,6 +573,7 @@ def summarize_stage(stage_dir: Path) -> dict[str, Any]:
             **memory_peaks(parse_smi(_read(stage_dir / "smi.csv")), parse_procs(_read(stage_dir / "smi_procs.txt"))),
             "peak_gpu_used_mib": parse_smi_total(_read(stage_dir / "smi_total.csv")),
         },
+        "sockets": socket_summary(_read(stage_dir / SOCKETS_FILE)),
     }
     if status != "ok":
         out["precheck"] = env.get("checked", {}).get("problems", [])
@@ -629,6 +703,11 @@ def render_markdown(rep: dict[str, Any]) -> str:
             lines += ["", f"{s['stage']} per agent (s): " + "; ".join(
                 f"{a}: " + ", ".join(f"{ph} {_f(t)}" for ph, t in ph_t.items()) for a, ph_t in agents.items()
             )]
+        socks = s["sockets"]
+        if socks["sampled"]:
+            opened = "; ".join(f"{o['name']} on {o['ip']}:{o['port']}" for o in socks["beyond_loopback"])
+            lines.append(f"{s['stage']} listening sockets: {socks['listening']} seen, "
+                         f"{len(socks['beyond_loopback'])} beyond loopback" + (f": {opened}" if opened else ""))
         procs = s["gpu_memory"]["per_process"]
         if procs:
             lines.append(f"{s['stage']} GPU processes (peak MiB): " + "; ".join(
@@ -673,8 +752,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     r = sub.add_parser("report", help="summarise every stage folder of <work> into gpu_smoke.json / gpu_smoke.md")
     r.add_argument("--work", required=True)
     r.add_argument("--out", default=None, help="where the two files go (default: --work)")
+    k = sub.add_parser("sockets", help="record the listening sockets of a stage's processes into <dir>/sockets.jsonl "
+                                       "until stopped")
+    k.add_argument("--dir", required=True)
     args = parser.parse_args(argv)
-    return cmd_check(args) if args.cmd == "check" else cmd_report(args)
+    return {"check": cmd_check, "report": cmd_report, "sockets": cmd_sockets}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -76,11 +76,15 @@ def register_cpu_platform() -> bool:
     else:
         use_cpu = cpu_platform_wanted()
 
+    from mgrpo_verl.platform import verl_process_group
+
+    # on every platform: its wrappers fix the backend string on CPU only, and serve a worker group's store on a
+    # loopback MASTER_ADDR on any device (docs/security.md, "Network exposure")
+    verl_process_group.apply()
     if use_cpu:
-        from mgrpo_verl.platform import engines, verl_cpu_logprobs, verl_cpu_process_group
+        from mgrpo_verl.platform import engines, verl_cpu_logprobs
 
         engines.register_cpu_engines_when_imported()
-        verl_cpu_process_group.apply()
         verl_cpu_logprobs.apply_when_imported()
     return use_cpu
 

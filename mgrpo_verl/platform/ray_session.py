@@ -59,9 +59,34 @@ def ray_cpu_env(temp_dir: str) -> dict[str, str]:
 
 def ray_closed_env(temp_dir: str) -> dict[str, str]:
     """What closes a Ray session this process starts to the network, on any platform: token authentication
-    (:func:`ray_auth_env`, the token in ``temp_dir``) and loopback only (Ray then takes 127.0.0.1 as the node's
-    address and listens there; the setting's name is Ray's, which uses loopback on Windows and macOS)."""
-    return {**ray_auth_env(temp_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    (:func:`ray_auth_env`, the token in ``temp_dir``), loopback only (Ray then takes 127.0.0.1 as the node's
+    address and listens there; the setting's name is Ray's, which uses loopback on Windows and macOS), and the
+    process groups' own sockets on loopback too (:func:`loopback_transport_env`)."""
+    return {**ray_auth_env(temp_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **loopback_transport_env()}
+
+
+def loopback_interface() -> str:
+    """The name of the network interface that holds 127.0.0.1 (``lo`` on Linux), ``lo`` when it cannot be read."""
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.address == "127.0.0.1" for a in addrs):
+                return name
+    except ImportError:
+        pass
+    return "lo"
+
+
+def loopback_transport_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The sockets of a one-machine run's process groups on loopback, each setting only when ``environ`` (default:
+    ``os.environ``) does not export it: gloo (``GLOO_SOCKET_IFNAME``: FSDP's CPU groups, vLLM's CPU group) and NCCL's
+    bootstrap (``NCCL_SOCKET_IFNAME``) pick the host name's or the first non-loopback interface by default, and vLLM
+    (``VLLM_HOST_IP``) the routable address. A Ray the run starts has one node, so loopback is all they need."""
+    environ = os.environ if environ is None else environ
+    interface = loopback_interface()
+    defaults = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface, "VLLM_HOST_IP": "127.0.0.1"}
+    return {key: value for key, value in defaults.items() if key not in environ}
 
 
 def ray_auth_env(temp_dir: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -81,6 +81,18 @@ def test_campaign_dry_run_on_cpu(tmp_path):
     assert run.log.count("vllm-cpu-linear-weights applied") >= 2
     assert run.steps() == [1, 2]
     assert_every_sync_reaches_its_server(run)
+    for stage in ("T2", "T3"):  # ours and stock verl, each its own Ray with vLLM: every listening socket on loopback
+        _check_doors(tmp_path / "work" / "tp-tiny_h32" / stage)
+
+
+def _check_doors(stage_dir: Path) -> None:
+    """The kit's socket sampler saw the stage's processes listen (Ray, TransferQueue, the worker groups, vLLM's
+    servers: dozens of sockets), none of them beyond loopback (docs/security.md, "Network exposure")."""
+    from mgrpo_verl.experiments.gpu_smoke import SOCKETS_FILE, socket_summary
+
+    sockets = socket_summary((stage_dir / SOCKETS_FILE).read_text())
+    assert sockets["sampled"] and sockets["listening"] >= 10, (stage_dir.name, sockets)
+    assert sockets["beyond_loopback"] == [], (stage_dir.name, sockets)
 
 
 def _check_throughput(out: Path) -> None:

@@ -208,6 +208,54 @@ def _env(cuda: bool) -> dict:
     return {"torch": {"cuda_available": cuda, "version": "2.11"}, "gpus": [{"name": "H100"}] if cuda else []}
 
 
+LISTENER = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET)
+s.bind((sys.argv[1], 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_socket_sampler_tells_a_stage_s_open_doors_from_loopback_ones(tmp_path):
+    """The kit's ``sockets`` step (one per stage, beside nvidia-smi's sampler) records every listening socket of the
+    processes started after it and marks those bound beyond loopback: here one child listens on 127.0.0.1 (closed),
+    one on 0.0.0.0 (every interface: open), one on ``::`` (every interface, IPv6 and IPv4: open)."""
+    import signal
+    import time
+
+    sampler = subprocess.Popen([sys.executable, "-m", "mgrpo_verl.experiments.gpu_smoke", "sockets", "--dir", str(tmp_path)])
+    children = []
+    try:
+        time.sleep(0.5)
+        ports = {}
+        for ip in ("127.0.0.1", "0.0.0.0", "::"):
+            child = subprocess.Popen([sys.executable, "-c", LISTENER, ip], stdout=subprocess.PIPE, text=True)
+            children.append(child)
+            ports[ip] = int(child.stdout.readline())
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:  # the sampler looks every second
+            seen = gs.socket_summary((tmp_path / gs.SOCKETS_FILE).read_text() if (tmp_path / gs.SOCKETS_FILE).exists() else "")
+            if seen["listening"] >= 3:
+                break
+            time.sleep(0.5)
+        sampler.send_signal(signal.SIGTERM)
+        assert sampler.wait(10) == 0
+    finally:
+        for child in children:
+            child.kill()
+        sampler.kill()
+    summary = gs.socket_summary((tmp_path / gs.SOCKETS_FILE).read_text())
+    assert summary["sampled"] and summary["listening"] == 3, summary
+    assert sorted((o["ip"], o["port"]) for o in summary["beyond_loopback"]) == sorted(
+        [("0.0.0.0", ports["0.0.0.0"]), ("::", ports["::"])]), summary
+
+
+def test_loopback_addresses():
+    assert all(map(gs._on_loopback, ["127.0.0.1", "127.0.1.1", "::1", "::ffff:127.0.0.1"]))
+    assert not any(map(gs._on_loopback, ["0.0.0.0", "::", "192.0.2.2", "fd00::2", "::ffff:10.0.0.1", "garbage"]))
+
+
 def test_problems():
     have_all = lambda name: True  # noqa: E731
     assert gs.problems("A1", "cuda", _env(True), have_all, True) == []

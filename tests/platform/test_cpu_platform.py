@@ -17,7 +17,7 @@ import json, sys
 import verl
 from verl.plugin.platform import PlatformRegistry, get_platform
 from verl.utils import device as d
-import mgrpo_verl.platform.verl_cpu_process_group as patch
+import mgrpo_verl.platform.verl_process_group as patch
 from mgrpo_verl.platform import _import_hooks
 from mgrpo_verl.platform.engines import FSDP_ENGINE_MODULE
 platform = get_platform()
@@ -84,16 +84,18 @@ def test_accelerator_choice_leaves_verl_alone(python_runner):
     """``MGRPO_VERL_DEVICE=accelerator``: verl's stock detection (falls back to nvidia here)."""
     out = python_runner(PROBE, env={"MGRPO_VERL_DEVICE": "accelerator"})
     assert out["platform_class"] != "CpuPlatform"
-    assert not out["patch_applied"] and not out["engine_hook"]
+    # the process-group patch is applied on every platform (its store part acts on any device), the CPU engines not
+    assert out["patch_applied"] and not out["engine_hook"]
 
 
 def test_no_interference_when_cuda_is_available(python_runner):
-    """On a (simulated) CUDA machine verl resolves nvidia and we install nothing but the registration."""
+    """On a (simulated) CUDA machine verl resolves nvidia and we install nothing but the registration and the
+    process-group patch, whose only change off CPU is a loopback worker-group store (test_verl_patch.py)."""
     code = "import torch; torch.cuda.is_available = lambda: True\n" + PROBE
     out = python_runner(code)
     assert out["platform_class"] == "PlatformCUDA"
     assert "cpu" in out["registered"]
-    assert not out["patch_applied"] and not out["engine_hook"]
+    assert out["patch_applied"] and not out["engine_hook"]
     assert out["verl_platform_env"] is None
 
 

@@ -279,3 +279,13 @@ def test_ray_reads_the_settings_where_ray_environ_rereads_them():
     # the authentication mode and the token: Ray refreshes both this way itself
     assert 'Config.initialize("")' in inspect.getsource(auth._enable_token_auth)
     assert "token_loader.reset_cache()" in inspect.getsource(auth.ensure_token_if_auth_enabled)
+
+
+def test_an_exported_transport_setting_wins_and_the_rest_go_on_loopback():
+    """A user who exports ``NCCL_SOCKET_IFNAME`` (say a machine whose loopback NCCL cannot use) keeps it; the other
+    two settings still go on loopback, the interface that holds 127.0.0.1."""
+    from mgrpo_verl.platform.ray_session import loopback_interface, loopback_transport_env
+
+    assert loopback_interface() == "lo"  # Linux
+    assert loopback_transport_env({"NCCL_SOCKET_IFNAME": "eth0"}) == {"GLOO_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
+    assert loopback_transport_env({}) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}

@@ -1,4 +1,4 @@
-"""Patch ``verl-0.9.1-cpu-process-group``: upstream-change detectors, guards, and that it works.
+"""Patch ``verl-0.9.1-process-group``: upstream-change detectors, guards, and that it works.
 
 If a test in the first block fails, verl changed under us: read patches/README.md before touching the
 recorded values.
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import mgrpo_verl.platform.verl_cpu_process_group as patch
+import mgrpo_verl.platform.verl_process_group as patch
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "patches" / "README.md"
-DIFF = REPO / "patches" / "verl-0.9.1-cpu-process-group.diff"
+DIFF = REPO / "patches" / "verl-0.9.1-process-group.diff"
 
 # -- upstream-change detectors ----------------------------------------------------------------------
 
@@ -57,7 +57,7 @@ def test_unpatched_verl_still_fails_on_cpu(python_runner, port):
     out = python_runner(
         """
         import json, verl
-        import mgrpo_verl.platform.verl_cpu_process_group as patch
+        import mgrpo_verl.platform.verl_process_group as patch
         original = patch.upstream_functions()["initialize_global_process_group_ray"]
         try:
             original(timeout_second=None)
@@ -126,10 +126,13 @@ def test_patched_functions_create_a_gloo_group(python_runner, port):
 #: each of this machine's routable addresses (tests/security/doors.py), as another machine would
 GROUP_RANK = """
 import json, os, psutil, runpy, torch, torch.distributed as dist, verl
-import mgrpo_verl.platform.verl_cpu_process_group as patch
+import mgrpo_verl.platform.verl_process_group as patch
 from verl.utils.distributed import initialize_global_process_group_ray
+from verl.utils.device import get_device_name
 if os.environ["WHICH"] == "patched":
     initialize_global_process_group_ray(timeout_second=60)
+elif os.environ["WHICH"] == "patched_gloo":  # an explicit backend, as verl's naive checkpoint engine passes
+    initialize_global_process_group_ray(timeout_second=60, backend="cpu:gloo")
 else:
     patch.upstream_functions()["initialize_global_process_group_ray"](timeout_second=60, backend="cpu:gloo")
 port = int(os.environ["MASTER_PORT"])
@@ -141,7 +144,8 @@ knocks = {}
 if dist.get_rank() == 0:
     knocks = runpy.run_path(os.environ["MGRPO_DOORS_PY"])["knock_all"]([port], json.loads(os.environ["ROUTABLE"]))
 dist.barrier()
-print(json.dumps({"listening": listening, "sum": t.tolist(), "world": dist.get_world_size(), "knocks": knocks}))
+print(json.dumps({"listening": listening, "sum": t.tolist(), "world": dist.get_world_size(), "knocks": knocks,
+                  "device": get_device_name(), "applied": patch.is_applied()}))
 dist.destroy_process_group()
 """
 
@@ -155,7 +159,7 @@ def _doors():
     return module
 
 
-def _group(which: str, port: int, world_size: int, routable: list[str] = ()) -> list[dict]:
+def _group(which: str, port: int, world_size: int, routable: list[str] = (), device: str = "cpu") -> list[dict]:
     import json
     import os
     import subprocess
@@ -164,7 +168,7 @@ def _group(which: str, port: int, world_size: int, routable: list[str] = ()) -> 
     procs = []
     for rank in range(world_size):
         env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "RAY_ADDRESS")}
-        env.update(MGRPO_VERL_DEVICE="cpu", RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), WHICH=which,
+        env.update(MGRPO_VERL_DEVICE=device, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), WHICH=which,
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore",
                    MGRPO_DOORS_PY=str(REPO / "tests" / "security" / "doors.py"), ROUTABLE=json.dumps(list(routable)))
         procs.append(subprocess.Popen([sys.executable, "-c", GROUP_RANK], env=env, stdout=subprocess.PIPE,
@@ -199,6 +203,23 @@ def test_the_group_store_listens_on_master_addr_only(port, world_size):
         pytest.skip(f"sockets checked, no knock: {doors.NO_ADDRESS}")
     assert set(patched[0]["knocks"].values()) == {"refused"} and len(patched[0]["knocks"]) == len(routable), patched
     assert doors.opened(original[0]["knocks"]), original  # verl's own lets the knock in
+
+
+def test_the_group_store_listens_on_master_addr_only_on_an_accelerator_platform_too(port):
+    """The same door on a GPU machine's platform: ``MGRPO_VERL_DEVICE=accelerator`` makes verl resolve its accelerator
+    platform here (nvidia, ``get_device_name() == "cuda"``), so the patch's CPU backend fix stands aside, but the
+    store is still served on the loopback MASTER_ADDR a Ray the run starts gives every worker group (before: the patch
+    deferred to verl's function off CPU, and the store listened on every interface). The group is gloo, passed
+    explicitly as verl's checkpoint engine does (this machine has no NCCL); the store does not depend on the backend."""
+    doors = _doors()
+    routable = doors.routable_addresses()
+    patched = _group("patched_gloo", port, 2, routable, device="accelerator")
+    assert [o["device"] for o in patched] == ["cuda", "cuda"] and all(o["applied"] for o in patched), patched
+    assert patched[0]["listening"] == ["127.0.0.1"], patched
+    assert all(o["sum"] == [3.0, 3.0] for o in patched), patched
+    if not routable:
+        pytest.skip(f"sockets checked, no knock: {doors.NO_ADDRESS}")
+    assert set(patched[0]["knocks"].values()) == {"refused"}, patched
 
 
 @pytest.fixture

@@ -358,25 +358,30 @@ def test_ray_environment_shuts_down_only_its_own_ray(monkeypatch, up_before):
 @pytest.mark.parametrize("joins_cluster", [False, True])
 def test_a_ray_the_run_starts_is_closed_on_an_accelerator_too(monkeypatch, joins_cluster):
     """Issue 29: on GPU machines too, a Ray the run starts itself gets token authentication with its token in a
-    private temporary directory (not ~/.ray) and loopback only; a driver joining a `ray start` cluster keeps the
-    cluster's settings (docs/multinode.md). (The sockets themselves are checked on CPU: test_ray_session.py.)"""
+    private temporary directory (not ~/.ray) and loopback only, and so do the process groups' and vLLM's sockets
+    (gloo, NCCL's bootstrap, vLLM's host address); a driver joining a `ray start` cluster keeps the cluster's settings
+    (docs/multinode.md). (The sockets themselves are checked on CPU: test_ray_session.py.)"""
     import os
 
-    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+    transport = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "VLLM_HOST_IP")
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", *transport):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     with main_ppo.ray_environment(on_cpu=False, env={}, joins_cluster=joins_cluster):
         seen = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+        sockets = {k: os.environ.get(k) for k in transport}
         token = Path(seen["RAY_AUTH_TOKEN_PATH"]) if seen["RAY_AUTH_TOKEN_PATH"] else None
         if token is not None:
             assert token.is_file() and token.stat().st_mode & 0o777 == 0o600
             assert not str(token).startswith(str(Path.home() / ".ray"))
     if joins_cluster:
         assert seen == {"RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN_PATH": None, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": None}
+        assert sockets == dict.fromkeys(transport)  # the nodes of a cluster must reach each other
     else:
         assert seen["RAY_AUTH_MODE"] == "token" and seen["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0" and token is not None
+        assert sockets == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
         assert not token.exists()  # the private directory went with the run
-    assert os.environ.get("RAY_AUTH_MODE") is None  # restored
+    assert os.environ.get("RAY_AUTH_MODE") is None and os.environ.get("NCCL_SOCKET_IFNAME") is None  # restored
 
 
 def test_three_agents_on_three_logical_gpus_reach_ray(run):

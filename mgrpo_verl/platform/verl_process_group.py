@@ -1,11 +1,16 @@
-"""Patch ``verl-0.9.1-cpu-process-group``: let verl create its global process group on a CPU-only platform.
+"""Patch ``verl-0.9.1-process-group``: verl's global process group on a CPU-only platform, and its store on loopback.
 
-verl 0.9.1 builds the backend string ``cpu:gloo,{device}:{backend}``, which names ``cpu`` twice on a CPU
-(``Duplicate device type cpu``); the wrappers use ``cpu:<backend>`` there, serve the Ray workers' group store on
-a loopback ``MASTER_ADDR`` only (:func:`loopback_store`), and run verl's functions untouched on any other
-device. Guarded by verl's version and the recorded hashes of the patched sources. The code lives in the package
-because Ray workers import it (``patches/`` is not shipped). Symptom, cause, fix, guards, upstream references
-and removal: ``patches/README.md``.
+Two changes to ``verl.utils.distributed``, each where verl has no extension point:
+
+- on a CPU platform verl 0.9.1 builds the backend string ``cpu:gloo,{device}:{backend}``, which names ``cpu`` twice
+  (``Duplicate device type cpu``); the wrappers use ``cpu:<backend>`` there and verl's string on any other device;
+- on every device, a Ray worker group whose ``MASTER_ADDR`` is loopback (a Ray the run starts:
+  docs/security.md) gets its store served on that address only (:func:`loopback_store`): torch's ``env://`` store
+  binds every interface whatever ``MASTER_ADDR`` says.
+
+Applied on every platform (the store is the same with nccl), guarded by verl's version and the recorded hashes of
+the patched sources. The code lives in the package because Ray workers import it (``patches/`` is not shipped).
+Symptom, cause, fix, guards, upstream references and removal: ``patches/README.md``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ __all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_strin
 
 logger = logging.getLogger(__name__)
 
-PATCH_ID = "verl-0.9.1-cpu-process-group"
+PATCH_ID = "verl-0.9.1-process-group"
 TARGET_MODULE = "verl.utils.distributed"
 #: sha256 of ``inspect.getsource(f)`` of each patched function, recorded from the verl 0.9.1 wheel.
 RECORDED_SOURCE_SHA256: dict[str, str] = {
@@ -126,7 +131,7 @@ def apply(strict: bool = False) -> bool:
         return refuse(
             f"{PATCH_ID}: written for verl=={VERL_VERSION}, found verl=={version}; not applied. "
             f"Check whether {TARGET_MODULE} still builds 'cpu:gloo,{{device}}:{{backend}}' and update "
-            f"mgrpo_verl/platform/verl_cpu_process_group.py and patches/README.md.",
+            f"mgrpo_verl/platform/verl_process_group.py and patches/README.md.",
             strict,
         )
     drift = upstream_drift()
@@ -169,10 +174,10 @@ def apply(strict: bool = False) -> bool:
         if backend is None:
             backend = backend_string(device, module.get_nccl_backend())
         address = os.environ.get("MASTER_ADDR", "")
-        if device != "cpu" or os.environ.get("DIST_INIT_METHOD") or not _loopback(address):
+        if os.environ.get("DIST_INIT_METHOD") or not _loopback(address):
             return original_init_ray(timeout_second=timeout_second, backend=backend)
         # verl 0.9.1's body with the group's store served on MASTER_ADDR only: torch's env:// store listens on every
-        # interface whatever MASTER_ADDR says; a CPU run's Ray session puts it on 127.0.0.1 (issue 29)
+        # interface whatever MASTER_ADDR says; a Ray the run starts puts it on 127.0.0.1 on any device (issue 29)
         import torch.distributed
 
         if torch.distributed.is_initialized():
