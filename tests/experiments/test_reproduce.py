@@ -1,0 +1,75 @@
+"""The reproduction recipe (mgrpo_verl/experiments/reproduce.py): every claim's figure is still where it says it is
+published, each run is judged by hand-worked bands, a claim holds only when every run passes every check. (Its
+real runs are minutes of training: docs/results/reproduce.md records them.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mgrpo_verl.experiments import reproduce as rp
+
+EXACT = "val-aux/relay_tools/exact/mean@1"  # launcher.step_progress.is_exact_key
+
+
+@pytest.mark.parametrize("name", sorted(rp.CLAIMS))
+def test_each_claim_s_figure_is_still_in_the_file_that_publishes_it(name):
+    """If the README's sentence changes, the claim here must change with it (and the other way round)."""
+    claim = rp.CLAIMS[name]
+    assert claim.published_text in (rp.ROOT / claim.published_in).read_text(), (name, claim.published_in)
+    assert all(c.low <= c.published <= c.high for c in claim.checks)  # the published figure passes its own band
+
+
+def test_held_out_exact_by_step_from_verl_s_metrics_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"step": 0, "data": {EXACT: 0.125}}, {"step": 1, "data": {"agent/main/score/mean": 0.4}},
+             {"step": 5, "data": {EXACT: 0.5, "val-core/x/mean@1": 0.3}}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    assert rp.exact_by_step(path) == {0: 0.125, 5: 0.5}
+    assert rp.exact_by_step(tmp_path / "missing.jsonl") == {}
+
+
+def test_a_run_is_judged_by_every_check_and_a_claim_by_every_run():
+    claim = rp.CLAIMS["default"]  # before RL in [0, 0.25], step 10 in [0.8, 1]
+    good = rp.judge(claim, {0: 0.125, 5: 0.5, 10: 0.875})
+    assert [c["ok"] for c in good] == [True, True]
+    # 0.75 at step 10 misses the band by 0.05; a warm start that already solves the task (0.875 before RL) leaves
+    # no room for RL; a run that never validated step 10 has nothing to show
+    assert [c["ok"] for c in rp.judge(claim, {0: 0.125, 10: 0.75})] == [True, False]
+    assert [c["ok"] for c in rp.judge(claim, {0: 0.875, 10: 0.875})] == [False, True]
+    missing = rp.judge(claim, {0: 0.125})
+    assert missing[1]["measured"] is None and not missing[1]["ok"]
+    runs = [{"exit_code": 0, "checks": good}, {"exit_code": 0, "checks": good}]
+    assert rp.verdict(runs)
+    assert not rp.verdict(runs + [{"exit_code": 0, "checks": missing}])  # never the best run alone
+    assert not rp.verdict([{"exit_code": 1, "checks": good}])  # a crashed run does not count as passing
+    assert not rp.verdict([])
+
+
+def test_the_command_is_the_real_entry_point_with_the_claim_s_overrides_and_seed(tmp_path):
+    argv = rp.command(rp.CLAIMS["default"], 3, tmp_path)
+    assert argv[1:3] == ["-m", "mgrpo_verl.main_ppo"]
+    assert "trainer.total_training_steps=10" in argv and "mgrpo_verl.warmstart.data_seed=3" in argv
+    assert f"mgrpo_verl.metrics_file={tmp_path / 'metrics.jsonl'}" in argv
+
+
+def test_the_report_shows_every_run_and_says_what_did_not_reproduce():
+    claim = rp.CLAIMS["default"]
+    runs = [{"seed": 0, "exit_code": 0, "seconds": 300.0, "checks": rp.judge(claim, {0: 0.125, 10: 1.0})},
+            {"seed": 1, "exit_code": 0, "seconds": 310.0, "checks": rp.judge(claim, {0: 0.125, 10: 0.5})}]
+    text = rp.markdown({"default": {"published_in": "README.md", "published_text": claim.published_text,
+                                    "seed_key": claim.seed_key, "runs": runs, "reproduces": rp.verdict(runs)}})
+    assert text.count("| default |") == 4  # two checks x two runs
+    assert "| 0.500 | **no** |" in text and "does NOT reproduce" in text
+
+
+def test_the_command_line_lists_the_claims_and_refuses_an_unknown_one():
+    ok = subprocess.run([sys.executable, "-m", "mgrpo_verl.experiments.reproduce", "--list"], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0 and "default:" in ok.stdout and "[0.80, 1.00]" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "mgrpo_verl.experiments.reproduce", "--claims", "nope"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown claim(s) ['nope']" in bad.stderr
