@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +52,15 @@ class Claim:
     #: the Hydra key that ``--seeds`` varies (each value a fresh run; its own warm start when the key is the warm
     #: start's data seed)
     seed_key: str
-    #: the metric the checks read: verl's validation key of held-out exact accuracy (``launcher.step_progress``)
-    metric: str = "exact"
     minutes: str = ""
     seeds: tuple[int, ...] = (0,)
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: the entry point and its config (``{root}``: this repository), then ``overrides``
+    entry: tuple[str, ...] = ("-m", "mgrpo_verl.main_ppo")
+    #: a folder put first on ``PYTHONPATH`` (the user code of an example, for Ray's workers too)
+    pythonpath: str | None = None
+    #: run once before the first run when ``prepared`` (relative to the repository) is missing, in its folder
+    prepare: tuple[str, ...] = ()
+    prepared: str | None = None
 
 
 CLAIMS: dict[str, Claim] = {
@@ -76,6 +80,28 @@ CLAIMS: dict[str, Claim] = {
             ),
             seed_key="mgrpo_verl.warmstart.data_seed",
             minutes="about 5 with the warm start cached, 12-18 from an empty cache (2 cores)",
+        ),
+        Claim(
+            name="specialists",
+            what="the three-model example outside the package (examples/specialists: main, alice, bob), joint M-GRPO, "
+                 "10 of its 15 steps",
+            published_in="docs/results/specialists_baselines.md",
+            published_text="| joint | 3 | 0.000 ± 0.000 | 0.969 ± 0.000 | 0.969 ± 0.000 | 0.969 ± 0.000 |",
+            entry=("-m", "mgrpo_verl.main_ppo", "--config-path", "{root}/examples/specialists",
+                   "--config-name", "specialists"),
+            overrides=("data.train_files={root}/examples/specialists/data/train.parquet",
+                       "data.val_files={root}/examples/specialists/data/val.parquet",
+                       "trainer.total_training_steps=10"),
+            checks=(
+                Check("held-out exact before RL", 0, 0.0, 0.0, 0.25),
+                Check("held-out exact at step 10", 10, 0.969, 0.8),
+            ),
+            # RL's seed (the order of the prompts); every run from the same warm start, as compare.py runs them
+            seed_key="data.seed",
+            minutes="about 8 with its warm start cached, 15-20 from an empty cache (2 cores)",
+            pythonpath="examples/specialists",
+            prepare=("examples/specialists/specialists.py", "data"),
+            prepared="examples/specialists/data/train.parquet",
         ),
     )
 }
@@ -110,9 +136,30 @@ def judge(claim: Claim, series: dict[int, float]) -> list[dict[str, Any]]:
 
 
 def command(claim: Claim, seed: int, run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "mgrpo_verl.main_ppo", *claim.overrides, f"{claim.seed_key}={seed}",
+    args = [a.format(root=ROOT) for a in (*claim.entry, *claim.overrides)]
+    return [sys.executable, *args, f"{claim.seed_key}={seed}",
             f"mgrpo_verl.metrics_file={run_dir / 'metrics.jsonl'}", f"trainer.default_local_dir={run_dir / 'ckpt'}",
             "trainer.save_freq=-1", "trainer.resume_mode=disable"]
+
+
+def environment(claim: Claim) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if claim.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / claim.pythonpath), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def prepare(claim: Claim, log_path: Path) -> None:
+    """The claim's one-time preparation (an example's data), unless done; its output in ``log_path``."""
+    if not claim.prepare or (claim.prepared and (ROOT / claim.prepared).exists()):
+        return
+    script = ROOT / claim.prepare[0]
+    print(f"reproduce: {claim.name}: preparing ({script.name} {' '.join(claim.prepare[1:])})", flush=True)
+    with log_path.open("w") as log:
+        rc = subprocess.run([sys.executable, str(script), *claim.prepare[1:]], cwd=script.parent, stdout=log,
+                            stderr=subprocess.STDOUT, env=environment(claim)).returncode
+    if rc != 0:
+        raise SystemExit(f"reproduce: {claim.name}: preparation failed (exit {rc}); see {log_path}")
 
 
 def run_one(claim: Claim, seed: int, run_dir: Path) -> dict[str, Any]:
@@ -125,7 +172,7 @@ def run_one(claim: Claim, seed: int, run_dir: Path) -> dict[str, Any]:
     with (run_dir / "log.txt").open("w", buffering=1) as log:  # line by line: a cut run keeps its log
         log.write(" ".join(argv) + "\n")
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=run_dir,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env=environment(claim))
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
@@ -189,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         claim = CLAIMS[name]
         seeds = tuple(args.seeds) if args.seeds is not None else claim.seeds
         print(f"reproduce: {name}: {claim.what}; {len(seeds)} run(s), {claim.minutes} each", flush=True)
+        (out / name).mkdir(parents=True, exist_ok=True)
+        prepare(claim, out / name / "prepare.log")
         runs = []
         for seed in seeds:
             runs.append(run_one(claim, seed, out / name / f"seed{seed}"))

@@ -73,3 +73,13 @@ def test_the_command_line_lists_the_claims_and_refuses_an_unknown_one():
     bad = subprocess.run([sys.executable, "-m", "mgrpo_verl.experiments.reproduce", "--claims", "nope"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown claim(s) ['nope']" in bad.stderr
+
+
+def test_an_example_outside_the_package_runs_with_its_config_folder_and_its_code_on_the_path(tmp_path):
+    claim = rp.CLAIMS["specialists"]
+    argv = rp.command(claim, 2, tmp_path)
+    here = rp.ROOT / "examples" / "specialists"
+    assert argv[1:7] == ["-m", "mgrpo_verl.main_ppo", "--config-path", str(here), "--config-name", "specialists"]
+    assert f"data.train_files={here / 'data' / 'train.parquet'}" in argv and "data.seed=2" in argv
+    assert rp.environment(claim)["PYTHONPATH"].split(":")[0] == str(here)
+    assert (rp.ROOT / claim.prepare[0]).is_file()
