@@ -61,6 +61,8 @@ class Claim:
     #: run once before the first run when ``prepared`` (relative to the repository) is missing, in its folder
     prepare: tuple[str, ...] = ()
     prepared: str | None = None
+    #: the launch folder (relative to the repository), where the config's relative paths point; default the run's
+    launch_dir: str | None = None
 
 
 CLAIMS: dict[str, Claim] = {
@@ -102,6 +104,7 @@ CLAIMS: dict[str, Claim] = {
             pythonpath="examples/specialists",
             prepare=("examples/specialists/specialists.py", "data"),
             prepared="examples/specialists/data/train.parquet",
+            launch_dir="examples/specialists",  # its demonstrations file is named relative to it, as run.sh launches
         ),
     )
 }
@@ -171,7 +174,8 @@ def run_one(claim: Claim, seed: int, run_dir: Path) -> dict[str, Any]:
     start = time.monotonic()
     with (run_dir / "log.txt").open("w", buffering=1) as log:  # line by line: a cut run keeps its log
         log.write(" ".join(argv) + "\n")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=run_dir,
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=ROOT / claim.launch_dir if claim.launch_dir else run_dir,
                                 env=environment(claim))
         assert proc.stdout is not None
         for line in proc.stdout:

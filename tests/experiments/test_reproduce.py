@@ -83,3 +83,5 @@ def test_an_example_outside_the_package_runs_with_its_config_folder_and_its_code
     assert f"data.train_files={here / 'data' / 'train.parquet'}" in argv and "data.seed=2" in argv
     assert rp.environment(claim)["PYTHONPATH"].split(":")[0] == str(here)
     assert (rp.ROOT / claim.prepare[0]).is_file()
+    # launched where its config's relative paths point (its demonstrations file), as its run.sh launches it
+    assert (rp.ROOT / claim.launch_dir / "specialists.yaml").is_file()
