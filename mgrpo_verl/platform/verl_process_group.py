@@ -25,8 +25,8 @@ from typing import Any
 
 from mgrpo_verl.platform.patching import VERL_VERSION, VerlPatchError, refuse, source_sha256
 
-__all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_string", "is_applied", "loopback_store",
-           "revert"]
+__all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_string", "is_applied", "is_loopback",
+           "loopback_store", "revert"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def backend_string(device_name: str, comm_backend: str) -> str:
     return f"cpu:gloo,{device_name}:{comm_backend}"
 
 
-def _loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
     import ipaddress
 
     try:
@@ -174,7 +175,7 @@ def apply(strict: bool = False) -> bool:
         if backend is None:
             backend = backend_string(device, module.get_nccl_backend())
         address = os.environ.get("MASTER_ADDR", "")
-        if os.environ.get("DIST_INIT_METHOD") or not _loopback(address):
+        if os.environ.get("DIST_INIT_METHOD") or not is_loopback(address):
             return original_init_ray(timeout_second=timeout_second, backend=backend)
         # verl 0.9.1's body with the group's store served on MASTER_ADDR only: torch's env:// store listens on every
         # interface whatever MASTER_ADDR says; a Ray the run starts puts it on 127.0.0.1 on any device (issue 29)

@@ -13,7 +13,6 @@ removal: ``patches/README.md``.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import sys
@@ -21,6 +20,8 @@ import tempfile
 import uuid
 import warnings
 from collections.abc import Callable
+
+from mgrpo_verl.platform.verl_process_group import is_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +35,6 @@ TCP_ON_LOOPBACK = "get_loopback_ip(), get_open_port()"
 FILE_STORE = "get_file_store_init_method"
 
 _original: dict[str, Callable[[str, int], str]] = {}
-
-
-def _loopback(ip: str) -> bool:
-    try:
-        return ipaddress.ip_address(ip.strip("[]")).is_loopback
-    except ValueError:
-        return ip == "localhost"
 
 
 def file_init_method() -> str:
@@ -84,7 +78,7 @@ def apply(strict: bool = False, force: bool = False) -> bool:
         return False
 
     def get_distributed_init_method(ip: str, port: int) -> str:
-        return file_init_method() if _loopback(ip) else original(ip, port)
+        return file_init_method() if is_loopback(ip) else original(ip, port)
 
     get_distributed_init_method.__mgrpo_patch__ = PATCH_ID  # type: ignore[attr-defined]
     _original["function"] = original
