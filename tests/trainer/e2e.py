@@ -27,11 +27,14 @@ CLEARED = ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS", "VERL_FILE_LOGGE
            "RAY_AUTH_TOKEN_PATH")
 
 # A dense score for the delegation scorer (``multi_agent.delegation.scorer=<file>:score``): the vowel share of the
-# first 16 characters. Every batch of a random tiny model gets rewards that differ between samples, hence non-zero
-# advantages and a real update in step 1 (the tasks' own rewards are zero for nearly every answer of such a model).
+# whole text. A random tiny model's samples get rewards that differ, hence non-zero advantages and a real update in
+# step 1 (the tasks' own rewards are zero for nearly every answer of such a model). The share of the first 16
+# characters it replaced took only 17 values: a group of 2 tied often enough (~15 %) that CI saw a run whose
+# sub-agent had every group tied in step 1, so no update (2026-12-03). Over the whole text two samples tie only
+# when their vowel and character counts have the same ratio.
 DENSE_SCORER = """
 def score(role, text, ground_truth):
-    return sum(c in "aeiouAEIOU" for c in text[:16]) / 16
+    return sum(c in "aeiouAEIOU" for c in text) / max(len(text), 1)
 """
 
 

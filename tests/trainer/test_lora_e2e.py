@@ -24,13 +24,9 @@ import re
 
 import pytest
 import torch
+from e2e import dense_scorer
 
 pytestmark = pytest.mark.slow
-
-DENSE_SCORER = """
-def score(role, text, ground_truth):
-    return sum(c in "aeiouAEIOU" for c in text[:16]) / 16
-"""
 
 LORA = (
     "actor_rollout_ref.model.lora_rank=4",
@@ -59,9 +55,8 @@ def test_two_adapters_on_one_base_train_checkpoint_resume_export(main_ppo, tmp_p
     from mgrpo_verl.hf_rollout.engine import weights_fingerprint
     from mgrpo_verl.trainer.lora_export import export, load_actor_state
 
-    scorer = tmp_path / "dense_scorer.py"
-    scorer.write_text(DENSE_SCORER)
-    common = (*LORA, f"multi_agent.delegation.scorer={scorer}:score")
+    scorer = dense_scorer(tmp_path)
+    common = (*LORA, f"multi_agent.delegation.scorer={scorer}")
 
     first = main_ppo("lora", "trainer.total_training_steps=2", "trainer.save_freq=1", *common)
     assert first.returncode == 0, first.log[-6000:]
@@ -137,12 +132,11 @@ def test_two_adapters_on_one_base_train_checkpoint_resume_export(main_ppo, tmp_p
 def test_full_main_with_a_lora_sub_agent(main_ppo, tmp_path):
     """A mixed set-up: the main agent a full model, the sub-agent an adapter on its own base (the default
     sub model): two engines, the main one synced with full weights, the sub one with the adapter only."""
-    scorer = tmp_path / "dense_scorer.py"
-    scorer.write_text(DENSE_SCORER)
+    scorer = dense_scorer(tmp_path)
     run = main_ppo("mixed", "trainer.total_training_steps=1", "trainer.save_freq=-1", "trainer.val_before_train=false",
                    "trainer.test_freq=-1", "+multi_agent.agents.sub.actor_rollout_ref.model.lora_rank=4",
                    "+actor_rollout_ref.rollout.engine_kwargs.hf.fingerprint_weights=true",
-                   f"multi_agent.delegation.scorer={scorer}:score")
+                   f"multi_agent.delegation.scorer={scorer}")
     assert run.returncode == 0, run.log[-6000:]
     assert run.steps() == [1]
     assert len(re.findall(r"hf_server_\d+_\d+ ready: model=", run.log)) == 2
