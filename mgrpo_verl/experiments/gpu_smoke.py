@@ -451,17 +451,6 @@ SOCKETS_FILE = "sockets.jsonl"
 SOCKET_SAMPLE_S = 1.0
 
 
-def _on_loopback(ip: str) -> bool:
-    import ipaddress
-
-    try:
-        addr = ipaddress.ip_address(ip.split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(addr, "ipv4_mapped", None)
-    return (mapped or addr).is_loopback
-
-
 def listening_sockets(since: float) -> list[dict[str, Any]]:
     """Every listening TCP socket of this user's processes started at or after ``since`` (epoch s): address, port,
     pid and process (``ray::...`` workers by their title), and whether it is bound beyond loopback (``open``: an
@@ -469,6 +458,8 @@ def listening_sockets(since: float) -> list[dict[str, Any]]:
     import os
 
     import psutil
+
+    from mgrpo_verl.platform.ray_session import is_loopback
 
     uid, out = os.getuid(), []
     for c in psutil.net_connections("inet"):
@@ -483,7 +474,7 @@ def listening_sockets(since: float) -> list[dict[str, Any]]:
         except psutil.Error:
             continue
         out.append({"ip": c.laddr.ip, "port": c.laddr.port, "pid": c.pid, "name": name,
-                    "open": not _on_loopback(c.laddr.ip)})
+                    "open": not is_loopback(c.laddr.ip)})
     return out
 
 

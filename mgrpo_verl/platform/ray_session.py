@@ -65,6 +65,23 @@ def ray_closed_env(temp_dir: str) -> dict[str, str]:
     return {**ray_auth_env(temp_dir), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **loopback_transport_env()}
 
 
+def is_loopback(address: str | None) -> bool:
+    """``localhost`` (any case) or a loopback address: 127.0.0.0/8, ``::1``, or 127.x written IPv4-mapped
+    (``::ffff:127.0.0.1``, as a dual-stack socket reports it); a zone suffix (``%lo``) is ignored. Anything else, an
+    empty or unreadable address included, is not: a check that lets a door stay open must never say yes by mistake."""
+    import ipaddress
+
+    if not address:
+        return False
+    if address.lower() == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    return (getattr(addr, "ipv4_mapped", None) or addr).is_loopback
+
+
 def loopback_interface() -> str:
     """The name of the network interface that holds 127.0.0.1 (``lo`` on Linux), ``lo`` when it cannot be read."""
     try:

@@ -24,8 +24,9 @@ from datetime import timedelta
 from typing import Any
 
 from mgrpo_verl.platform.patching import VERL_VERSION, VerlPatchError, refuse, source_sha256
+from mgrpo_verl.platform.ray_session import is_loopback
 
-__all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_string", "is_applied", "is_loopback",
+__all__ = ["PATCH_ID", "VERL_VERSION", "VerlPatchError", "apply", "backend_string", "is_applied",
            "loopback_store", "revert"]
 
 logger = logging.getLogger(__name__)
@@ -47,16 +48,6 @@ def backend_string(device_name: str, comm_backend: str) -> str:
     if device_name == "cpu":
         return f"cpu:{comm_backend}"
     return f"cpu:gloo,{device_name}:{comm_backend}"
-
-
-def is_loopback(address: str) -> bool:
-    """``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
 
 
 def _default_timeout() -> timedelta:

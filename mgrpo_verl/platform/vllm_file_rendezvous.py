@@ -21,7 +21,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 
-from mgrpo_verl.platform.verl_process_group import is_loopback
+from mgrpo_verl.platform.ray_session import is_loopback
 
 logger = logging.getLogger(__name__)
 

@@ -7,12 +7,12 @@ the durability of each ``appendfsync`` setting and the password rules: ``docs/de
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from mgrpo_verl.platform.ray_session import is_loopback
 from mgrpo_verl.store.base import (
     ConflictError,
     StatStore,
@@ -78,18 +78,6 @@ for i = 1, #all, 2 do
 end
 return dropped
 """
-
-
-def is_loopback(host: str | None) -> bool:
-    """``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
-    if not host:
-        return False
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def redacted(url: str) -> str:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from mgrpo_verl.platform.ray_session import loopback_interface
 from mgrpo_verl.progress import JsonlFollower
 
 
@@ -263,14 +264,14 @@ def single_process_env(store_file: str | Path, environ: dict | os._Environ) -> d
     rank 0 of 1, and the process group's rendezvous through a file (``DIST_INIT_METHOD``, which verl's
     ``initialize_global_process_group`` passes to ``torch.distributed``) instead of a TCP store (which listens
     on every interface whatever ``MASTER_ADDR`` says; ``MASTER_ADDR`` / ``MASTER_PORT`` are set only because
-    verl's ``Worker`` requires them). Gloo's own socket goes on loopback (``GLOO_SOCKET_IFNAME``, unless
-    ``environ`` sets it)."""
+    verl's ``Worker`` requires them). Gloo's own socket goes on loopback
+    (``GLOO_SOCKET_IFNAME``: the interface holding 127.0.0.1, unless ``environ`` sets it)."""
     return {
         "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
         "DIST_INIT_METHOD": f"file://{Path(store_file).absolute()}?rank=0&world_size=1",
         # verl's Worker reads (and only records) these; port 0: nothing is to listen or connect there
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
-        "GLOO_SOCKET_IFNAME": environ.get("GLOO_SOCKET_IFNAME") or "lo",
+        "GLOO_SOCKET_IFNAME": environ.get("GLOO_SOCKET_IFNAME") or loopback_interface(),
         PARENT_ENV: str(os.getpid()),
     }  # fmt: skip
 

@@ -289,3 +289,15 @@ def test_an_exported_transport_setting_wins_and_the_rest_go_on_loopback():
     assert loopback_interface() == "lo"  # Linux
     assert loopback_transport_env({"NCCL_SOCKET_IFNAME": "eth0"}) == {"GLOO_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
     assert loopback_transport_env({}) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def test_the_one_loopback_check():
+    """What every door's check (Redis's password rule, the process-group and vLLM store patches, the GPU kit's socket
+    sampler) takes for loopback: 127.0.0.0/8 (127.0.1.1 is Debian's host-name address), ::1, 127.x written
+    IPv4-mapped as a dual-stack socket reports it, a zone suffix ignored, ``localhost`` in any case. Every interface
+    (``0.0.0.0``, ``::``), a routable or mapped routable address, a host name, an empty or missing one: not."""
+    from mgrpo_verl.platform.ray_session import is_loopback
+
+    yes = ["127.0.0.1", "127.1.2.3", "127.0.1.1", "::1", "::ffff:127.0.0.1", "::1%lo", "localhost", "LOCALHOST"]
+    no = ["0.0.0.0", "::", "10.0.0.1", "192.0.2.2", "fd00::2", "::ffff:10.0.0.1", "redis-host", "garbage", "", None]
+    assert [is_loopback(a) for a in yes + no] == [True] * len(yes) + [False] * len(no)

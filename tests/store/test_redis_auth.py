@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from mgrpo_verl.store import check_store_reachable, open_store
-from mgrpo_verl.store.redis import PASSWORD_ENV, allows_no_password, is_loopback, redacted, url_password
+from mgrpo_verl.store.redis import PASSWORD_ENV, allows_no_password, redacted, url_password
 from mgrpo_verl.store.testing import numbered_stats
 
 from .conftest import require_redis
@@ -102,9 +102,7 @@ def test_the_opt_out_opens_a_loopback_server_without_a_password_and_never_one_of
         url_password("redis://10.0.0.5:6379/0?allow_no_password=1", {})
 
 
-def test_loopback_names_and_masking():
-    assert all(map(is_loopback, ["127.0.0.1", "127.1.2.3", "::1", "localhost", "LOCALHOST"]))
-    assert not any(map(is_loopback, ["10.0.0.1", "0.0.0.0", "redis-host", "", None]))
+def test_masking():
     assert redacted("redis://user:secret@h:1/0?prefix=x") == "redis://user:***@h:1/0?prefix=x"
     assert redacted("redis://:secret@h:1/0") == "redis://:***@h:1/0"
     assert redacted("redis://h:1/0") == "redis://h:1/0"
