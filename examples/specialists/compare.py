@@ -19,12 +19,13 @@ over seeds, and every seed's last value.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from mgrpo_verl.launcher.step_progress import read_series
 
 HERE = Path(__file__).resolve().parent
 EXACT = "val-aux/specialists/exact/mean@1"
@@ -93,19 +94,10 @@ def summary_line(log: Path) -> str:
     return lines[-1] if lines else "(no summary line)"
 
 
-def exact_by_step(metrics: Path) -> dict[int, float]:
-    series = {}
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
-        if EXACT in record.get("data", {}):
-            series[int(record["step"])] = float(record["data"][EXACT])
-    return series
-
-
 def report(runs: Path, out: Path | None) -> str:
     rows, header_steps = [], None
     for variant in VARIANTS:
-        seeds = {int(d.name.removeprefix("seed")): exact_by_step(d / "metrics.jsonl")
+        seeds = {int(d.name.removeprefix("seed")): read_series(d / "metrics.jsonl", EXACT)
                  for d in sorted((runs / variant).glob("seed*")) if (d / "done").is_file()}
         if not seeds:
             continue

@@ -19,12 +19,12 @@ paper's expected shape is joint > frozen > single; the table reports what was me
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 from mgrpo_verl.experiments.logged_run import run_logged
+from mgrpo_verl.launcher.step_progress import read_series
 
 #: variant -> its overrides of mgrpo_trainer.yaml, on every task (docs/algorithms.md: each baseline is one switch away)
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -101,17 +101,6 @@ def run_all(
         seconds = run_logged(args, run_dir / "log.txt", f"{variant} seed {seed}")
         (run_dir / "done").write_text(f"{seconds:.0f}\n")
         print(f"[{i}/{len(jobs)}] {variant} seed {seed}: {seconds:.0f} s", flush=True)
-
-
-def read_series(metrics_file: Path, key: str) -> dict[int, float]:
-    """step -> value of ``key`` in one verl JSON-lines metrics file."""
-    series = {}
-    for line in metrics_file.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            if key in record["data"]:
-                series[int(record["step"])] = float(record["data"][key])
-    return series
 
 
 def collect(runs: Path, task: str = "relay_tools") -> dict[str, dict[int, dict[str, dict[int, float]]]]:

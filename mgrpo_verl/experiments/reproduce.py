@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mgrpo_verl.launcher.step_progress import read_series
+
 ROOT = Path(__file__).resolve().parents[2]
 #: lines of a run shown on screen: the entry point's (start-up, steps, summary), the warm start's and its SFT bars
 PROGRESS_PREFIXES = ("mgrpo_verl:", "mgrpo_warmstart:", "warm start:")
@@ -113,23 +115,6 @@ CLAIMS: dict[str, Claim] = {
 }
 
 
-def exact_by_step(metrics_file: Path) -> dict[int, float]:
-    """Held-out exact accuracy by step from verl's JSON-lines metrics file (step 0: before training)."""
-    from mgrpo_verl.launcher.step_progress import is_exact_key
-
-    out: dict[int, float] = {}
-    if not metrics_file.is_file():
-        return out
-    for line in metrics_file.read_text().splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        for key, value in record.get("data", {}).items():
-            if is_exact_key(key):
-                out[int(record["step"])] = float(value)
-    return out
-
-
 def judge(claim: Claim, series: dict[int, float]) -> list[dict[str, Any]]:
     """Each check of ``claim`` against one run's series: measured value (None if the step was not validated) and
     whether it lies in the band."""
@@ -186,7 +171,7 @@ def run_one(claim: Claim, seed: int, run_dir: Path) -> dict[str, Any]:
             if line.startswith(PROGRESS_PREFIXES):
                 print(f"  [{claim.name} {claim.seed_key.rsplit('.', 1)[-1]}={seed}] {line.rstrip()}", flush=True)
         rc = proc.wait()
-    series = exact_by_step(run_dir / "metrics.jsonl")
+    series = read_series(run_dir / "metrics.jsonl")
     return {"seed": seed, "exit_code": rc, "seconds": round(time.monotonic() - start, 1), "series": series,
             "checks": judge(claim, series), "log": str(run_dir / "log.txt")}
 

@@ -9,6 +9,7 @@ step and an ETA; and once, before the first record, what is starting.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import threading
@@ -30,6 +31,24 @@ EXACT_PREFIX, EXACT_INFIX = "val-aux/", "/exact/mean@"
 def is_exact_key(key: str) -> bool:
     """Whether the metric ``key`` is held-out exact accuracy (:data:`EXACT_PREFIX` ... :data:`EXACT_INFIX`)."""
     return key.startswith(EXACT_PREFIX) and EXACT_INFIX in key
+
+
+def read_series(metrics_file: Path, key: Optional[str] = None) -> dict[int, float]:
+    """step -> value of ``key`` in verl's JSON-lines metrics file (``None``: held-out exact accuracy, the first
+    :func:`is_exact_key` key of each record; step 0 is the validation before training); ``{}`` when the file is
+    missing."""
+    series: dict[int, float] = {}
+    if not metrics_file.is_file():
+        return series
+    for line in metrics_file.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        data = record.get("data", {})
+        name = key if key is not None else next((k for k in data if is_exact_key(k)), None)
+        if name is not None and name in data:
+            series[int(record["step"])] = float(data[name])
+    return series
 
 
 def headline(record: dict[str, Any], reward_key: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ real runs are minutes of training: docs/results/reproduce.md records them.)"""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -21,15 +20,6 @@ def test_each_claim_s_figure_is_still_in_the_file_that_publishes_it(name):
     claim = rp.CLAIMS[name]
     assert claim.published_text in (rp.ROOT / claim.published_in).read_text(), (name, claim.published_in)
     assert all(c.low <= c.published <= c.high for c in claim.checks)  # the published figure passes its own band
-
-
-def test_held_out_exact_by_step_from_verl_s_metrics_file(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    lines = [{"step": 0, "data": {EXACT: 0.125}}, {"step": 1, "data": {"agent/main/score/mean": 0.4}},
-             {"step": 5, "data": {EXACT: 0.5, "val-core/x/mean@1": 0.3}}]
-    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
-    assert rp.exact_by_step(path) == {0: 0.125, 5: 0.5}
-    assert rp.exact_by_step(tmp_path / "missing.jsonl") == {}
 
 
 def test_a_run_is_judged_by_every_check_and_a_claim_by_every_run():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 
-from mgrpo_verl.launcher.step_progress import StepWatcher, headline, watch_steps
+from mgrpo_verl.launcher.step_progress import StepWatcher, headline, read_series, watch_steps
 from mgrpo_verl.main_ppo import TRAIN_REWARD
 
 EXACT = "val-aux/relay_tools/exact/mean@1"
@@ -21,6 +21,17 @@ def test_headline_takes_the_reward_and_held_out_exact_when_present_and_finite():
     assert headline({"step": 5, "data": {TRAIN_REWARD: 0.5, EXACT: 0.875}}, TRAIN_REWARD) == {"reward": 0.5, "held-out exact": 0.875}
     assert headline({"step": 2, "data": {TRAIN_REWARD: float("nan")}}, TRAIN_REWARD) == {}
     assert headline({"step": 2, "data": "junk"}, TRAIN_REWARD) == {}
+
+
+def test_read_series_by_step_held_out_exact_by_default_or_any_key(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    # step 0: verl's validation before training; step 1 validates nothing; a blank line is skipped
+    path.write_text(record(0, **{EXACT: 0.125}) + record(1, **{TRAIN_REWARD: 0.4}) + "\n"
+                    + record(5, **{EXACT: 0.5, TRAIN_REWARD: 0.75, "val-core/x/mean@1": 0.3}))
+    assert read_series(path) == {0: 0.125, 5: 0.5}
+    assert read_series(path, TRAIN_REWARD) == {1: 0.4, 5: 0.75}
+    assert read_series(path, "absent") == {}
+    assert read_series(tmp_path / "missing.jsonl") == {}
 
 
 def test_a_line_per_step_with_rate_and_eta(tmp_path):
