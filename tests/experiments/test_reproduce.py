@@ -11,8 +11,6 @@ import pytest
 
 from mgrpo_verl.experiments import reproduce as rp
 
-EXACT = "val-aux/relay_tools/exact/mean@1"  # launcher.step_progress.is_exact_key
-
 
 @pytest.mark.parametrize("name", sorted(rp.CLAIMS))
 def test_each_claim_s_figure_is_still_in_the_file_that_publishes_it(name):
