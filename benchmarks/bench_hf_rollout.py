@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import shutil
 import statistics
-import tempfile
 import time
 
 
@@ -112,16 +109,14 @@ def main() -> None:
         return time.perf_counter() - t
 
     # ---------------------------------------------------------------- the replica's server actor
-    tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-    os.environ.setdefault("RAY_TMPDIR", tmp)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
     from verl.workers.config import HFModelConfig, RolloutConfig
 
     from mgrpo_verl.hf_rollout.server import HFRolloutServer
+    from mgrpo_verl.platform.ray_session import ray_cpu_session
 
-    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
-    try:
+    # a Ray closed to the network (token authentication, loopback) in a private temp dir, as the trainer's
+    with ray_cpu_session(num_cpus=8, log_to_driver=False):
         rollout = RolloutConfig(
             name="hf",
             tensor_model_parallel_size=1,
@@ -157,9 +152,6 @@ def main() -> None:
             times = [fn() for _ in range(args.repeats)]
             results[name] = n_tokens / statistics.median(times)
         stats = ray.get(server.get_stats.remote())
-    finally:
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
 
     print(
         f"model={args.model} prompts={args.num_prompts} max_tokens={args.max_tokens} threads={args.threads} "

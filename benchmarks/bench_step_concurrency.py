@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import ExitStack
 
 from fake_step import FakeTransferQueue, FakeWorkerGroup, make_trainer, ray_work, sleeping_work, write_step
 from timing import fmt_s
@@ -50,27 +51,24 @@ def main() -> None:
     parser.add_argument("--backend", choices=("ray", "sleep"), default="ray")
     args = parser.parse_args()
 
-    if args.backend == "ray":
-        import ray
+    with ExitStack() as stack:
+        if args.backend == "ray":  # a Ray closed to the network (token, loopback), as the trainer's
+            from mgrpo_verl.platform.ray_session import ray_cpu_session
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        work_of, _actors = ray_work(args.cost, max(args.agents))
-    else:
-        work_of = lambda i: sleeping_work(args.cost)  # noqa: E731
-
-    print(f"backend {args.backend}, {args.cost:g} s per worker-group call (3 per model), "
-          f"{args.queries} queries x 2 rollouts, best of {args.repeats}")
-    print(f"{'models':>6}  {'sequential':>11}  {'concurrent':>11}  {'ratio':>6}  {'ideal':>5}")
-    for n in args.agents:
-        best = {"sequential": float("inf"), "concurrent": float("inf")}
-        for _ in range(args.repeats):  # interleaved, so that load from other processes affects both alike
-            best["sequential"] = min(best["sequential"], phase(n, False, work_of, args.queries))
-            best["concurrent"] = min(best["concurrent"], phase(n, "auto", work_of, args.queries))
-        ratio = best["sequential"] / best["concurrent"]
-        print(f"{n:>6}  {fmt_s(best['sequential']):>11}  {fmt_s(best['concurrent']):>11}  {ratio:>5.2f}x  {n:>4}x")
-
-    if args.backend == "ray":
-        ray.shutdown()
+            stack.enter_context(ray_cpu_session(num_cpus=2, log_to_driver=False))
+            work_of, _actors = ray_work(args.cost, max(args.agents))
+        else:
+            work_of = lambda i: sleeping_work(args.cost)  # noqa: E731
+        print(f"backend {args.backend}, {args.cost:g} s per worker-group call (3 per model), "
+              f"{args.queries} queries x 2 rollouts, best of {args.repeats}")
+        print(f"{'models':>6}  {'sequential':>11}  {'concurrent':>11}  {'ratio':>6}  {'ideal':>5}")
+        for n in args.agents:
+            best = {"sequential": float("inf"), "concurrent": float("inf")}
+            for _ in range(args.repeats):  # interleaved, so that load from other processes affects both alike
+                best["sequential"] = min(best["sequential"], phase(n, False, work_of, args.queries))
+                best["concurrent"] = min(best["concurrent"], phase(n, "auto", work_of, args.queries))
+            ratio = best["sequential"] / best["concurrent"]
+            print(f"{n:>6}  {fmt_s(best['sequential']):>11}  {fmt_s(best['concurrent']):>11}  {ratio:>5.2f}x  {n:>4}x")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fixtures for the HF rollout tests (the tiny model and its tokenizer are in ``tests/conftest.py``): an
-in-process engine, and a Ray instance that writes only under a temporary directory (docs/cpu.md: ``RAY_TMPDIR`` and
-``RAY_AUTH_MODE=disabled``)."""
+in-process engine, and a Ray instance that writes only under a temporary directory (docs/cpu.md: ``RAY_TMPDIR``) and is closed to the
+network as the trainer's is (token authentication, loopback: docs/security.md "Network exposure")."""
 
 from __future__ import annotations
 
@@ -32,10 +32,11 @@ def ray_local():
     if ray.is_initialized():
         yield ray
         return
-    from mgrpo_verl.platform.ray_session import patched_environ
+    from mgrpo_verl.platform.ray_session import ray_closed_env, ray_environ
 
     tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
-    with patched_environ({"RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled"}):
+    # closed to the network as the trainer's own Ray is (token, loopback): the CI machine runs no open Ray either
+    with ray_environ({"RAY_TMPDIR": tmp, **ray_closed_env(tmp)}):
         ray.init(num_cpus=8, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
     try:
         yield ray
