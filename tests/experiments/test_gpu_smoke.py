@@ -233,10 +233,11 @@ def test_the_socket_sampler_tells_a_stage_s_open_doors_from_loopback_ones(tmp_pa
             child = subprocess.Popen([sys.executable, "-c", LISTENER, ip], stdout=subprocess.PIPE, text=True)
             children.append(child)
             ports[ip] = int(child.stdout.readline())
+        pids = {child.pid for child in children}  # only theirs: under xdist the other worker starts Ray processes too
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:  # the sampler looks every second
             text = (tmp_path / gs.SOCKETS_FILE).read_text() if (tmp_path / gs.SOCKETS_FILE).exists() else ""
-            if {json.loads(line)["pid"] for line in text.splitlines()} >= {child.pid for child in children}:
+            if {json.loads(line)["pid"] for line in text.splitlines()} >= pids:
                 break
             time.sleep(0.5)
         sampler.send_signal(signal.SIGTERM)
@@ -245,8 +246,6 @@ def test_the_socket_sampler_tells_a_stage_s_open_doors_from_loopback_ones(tmp_pa
         for child in children:
             child.kill()
         sampler.kill()
-    # only the three children's lines: under xdist the other worker's end-to-end runs start Ray processes too
-    pids = {child.pid for child in children}
     lines = (tmp_path / gs.SOCKETS_FILE).read_text().splitlines()
     summary = gs.socket_summary("\n".join(line for line in lines if json.loads(line)["pid"] in pids))
     assert summary["sampled"] and summary["listening"] == 3, summary

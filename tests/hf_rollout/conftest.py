@@ -1,6 +1,7 @@
 """Fixtures for the HF rollout tests (the tiny model and its tokenizer are in ``tests/conftest.py``): an
-in-process engine, and a Ray instance that writes only under a temporary directory (docs/cpu.md: ``RAY_TMPDIR``) and is closed to the
-network as the trainer's is (token authentication, loopback: docs/security.md "Network exposure")."""
+in-process engine, and a Ray instance that writes only under a temporary directory (docs/cpu.md: ``RAY_TMPDIR``)
+and is closed to the network as the trainer's is (token authentication, loopback: docs/security.md "Network
+exposure")."""
 
 from __future__ import annotations
 
