@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-#: Bump when the corpus, the tokenizer recipe, the chat template or the model recipe changes: it is part
-#: of every cache key, so old caches are simply ignored.
+#: Bump when the corpus, the tokenizer recipe or the model recipe changes: it is part of every cache key, so old
+#: caches are simply ignored (the chat template is hashed into the tokenizer's key itself).
 BUILDER_VERSION = "1"
 
 ENDOFTEXT = "<|endoftext|>"
@@ -47,18 +47,18 @@ QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-#: ChatML (Qwen2.5 style, with tools and tool responses) without Qwen's default system prompt, so prompts
-#: stay short for a tiny model.
+#: ChatML (Qwen2.5 style, with tools and tool responses) without Qwen's default system prompt and without
+#: Qwen2.5's tool instructions (the two paragraphs around ``<tools>`` on how to call a function): they are 171
+#: tokens of this tokenizer that a tiny model reads in every prompt and cannot understand (it learns the call
+#: format from demonstrations), 40 % of a ``relay_tools`` demonstration; the tool schemas stay. The tokenizer's
+#: cache key hashes this template.
 CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{{- '# Tools\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
-    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
     "{%- elif messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- endif %}"
@@ -305,7 +305,8 @@ def build_tiny_tokenizer(vocab_size: int = 1024, model_max_length: int = 4096) -
     """
     if vocab_size < 300:
         raise ValueError(f"vocab_size must be >= 300 (256 bytes + specials + merges), got {vocab_size}")
-    key = content_key({"v": BUILDER_VERSION, "kind": "bpe", "vocab_size": vocab_size, "max_len": model_max_length})
+    key = content_key({"v": BUILDER_VERSION, "kind": "bpe", "vocab_size": vocab_size, "max_len": model_max_length,
+                       "template": CHAT_TEMPLATE})
     target = cache_root() / "tokenizers" / f"bpe-{key}"
     build_once(target, lambda tmp: _train_tokenizer(tmp, vocab_size, model_max_length))
     return str(target)

@@ -45,7 +45,7 @@ from mgrpo_verl.trainer.checkpoints import fsync_tree
 from mgrpo_verl.warmstart import demos, sft
 
 #: Bump when the demonstrations, the SFT recipe or the evaluation change: part of every cache key.
-VERSION = "5"
+VERSION = "6"
 
 #: ``sub_model`` value: the sub-agent's SFT starts from the main agent's fine-tuned checkpoint (trained first).
 FROM_MAIN = "main"

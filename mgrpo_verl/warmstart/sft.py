@@ -115,11 +115,11 @@ def overrides(
     ]
 
 
-def fit_max_length(files: list[str | Path], tokenizer_dir: str, multiple: int = 64) -> int:
+def fit_max_length(files: list[str | Path], tokenizer_dir: str, multiple: int = 32) -> int:
     """The longest demonstration of ``files`` in tokens, as verl's SFT dataset tokenises it (our
     :class:`~mgrpo_verl.warmstart.dataset.JsonToolsSFTDataset`, chat template and tools included), rounded up to
     ``multiple``: the ``data.max_length`` that wastes no compute on padding. verl's default, 1024, padded the
-    ~420-token ``relay_tools`` demonstrations to 2.4 times their length."""
+    ~260-token ``relay_tools`` demonstrations to 4 times their length (32: the step's time follows the length)."""
     from omegaconf import OmegaConf
     from verl.utils import hf_tokenizer
 

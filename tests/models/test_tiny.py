@@ -100,7 +100,21 @@ def test_chat_template_is_chatml(built):
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     with_tools = tok.apply_chat_template(msgs[1:], tools=tools, add_generation_prompt=True, tokenize=False)
-    assert "<tools>" in with_tools and '"name": "add"' in with_tools
+    # the schemas between <tools> tags and nothing of Qwen2.5's tool instructions (models/tiny.py CHAT_TEMPLATE)
+    assert with_tools == (
+        '<|im_start|>system\n# Tools\n<tools>\n{"type": "function", "function": {"name": "add", "parameters": '
+        '{"type": "object"}}}\n</tools><|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
+    )
+    with_system = tok.apply_chat_template(msgs, tools=tools, tokenize=False)
+    assert with_system.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n<tools>\n")
+
+
+def test_the_chat_template_is_part_of_the_tokenizer_key(built, monkeypatch):
+    """A changed template is a new tokenizer folder (and so new model and warm-start keys), not a stale cache hit."""
+    monkeypatch.setenv("MGRPO_VERL_CACHE", str(Path(built.model_dir).parents[1]))
+    monkeypatch.setattr(tiny, "_train_tokenizer", lambda out_dir, *args: None)  # nothing to train for the key
+    monkeypatch.setattr(tiny, "CHAT_TEMPLATE", tiny.CHAT_TEMPLATE + "{{- '' }}")
+    assert tiny.build_tiny_tokenizer() != built.tokenizer_dir
 
 
 def test_verl_loads_the_pair(built):

@@ -218,9 +218,9 @@ def test_sub_report_accuracy_leaves_the_sub_agent_room():
             demos.demos_for("relay_tools", sub_report_accuracy=bad)
 
 
-def test_fit_max_length_is_the_longest_demonstration_rounded_up_to_64(sft_files, tokenizer, tiny_paths):
+def test_fit_max_length_is_the_longest_demonstration_rounded_up_to_32(sft_files, tokenizer, tiny_paths):
     """verl pads every SFT sequence to data.max_length on CPU: the warm start gives it the longest demonstration
-    (as verl's dataset tokenises it, read here through right padding, the other path) rounded up to 64."""
+    (as verl's dataset tokenises it, read here through right padding, the other path) rounded up to 32."""
     from mgrpo_verl.warmstart.sft import fit_max_length
 
     for agent in demos.AGENTS:
@@ -230,8 +230,8 @@ def test_fit_max_length_is_the_longest_demonstration_rounded_up_to_64(sft_files,
             padded = JsonToolsSFTDataset(str(file), tokenizer, OmegaConf.create({"max_length": 2048}))
             longest = max([longest, *(int(padded[i]["attention_mask"].sum()) for i in range(len(padded)))])
         fitted = fit_max_length(files, tiny_paths.tokenizer_dir)
-        assert fitted % 64 == 0 and longest <= fitted < longest + 64, (agent, longest, fitted)
-        assert fitted < 1024  # verl's default, which padded these ~400-token demonstrations 2.4 times over
+        assert fitted % 32 == 0 and longest <= fitted < longest + 32, (agent, longest, fitted)
+        assert fitted < 1024  # verl's default, which padded these ~260-token demonstrations 4 times over
 
 
 def test_each_demonstration_is_tokenised_once_and_handed_out_as_copies(sft_files, tokenizer, monkeypatch):
