@@ -4,8 +4,9 @@
 # exit code is 0 only when every run of every claim passes.
 #
 #   bash recipes/reproduce.sh --list                 # the claims, their published figures and bands
-#   bash recipes/reproduce.sh                        # each claim once, at its own seed (default: about 5 min with
-#                                                    # the warm start cached, 12-18 from an empty cache, 2 cores)
+#   bash recipes/reproduce.sh                        # each claim once, at its own seed (default: about 2 min with
+#                                                    # its warm start cached, 4 from an empty cache, 2 idle cores;
+#                                                    # --list gives each claim's minutes)
 #   bash recipes/reproduce.sh --claims default --seeds 0 1 2   # three runs, each from its own fresh warm start
 #
 # Runs, logs and the report (reproduce.md, reproduce.json) go to --out (default runs/reproduce).
