@@ -137,7 +137,8 @@ def summary_line(s: dict[str, Any]) -> str:
         return (f"mgrpo_verl: finished in {s['seconds']:.0f} s; no metrics file at {s['metrics_file']} "
                 f"(keep 'file' in trainer.logger for the summary)")
     line = (
-        f"mgrpo_verl: {s['steps']} steps (step {s['first_step']} to {s['last_step']}) in {s['seconds']:.0f} s; "
+        f"mgrpo_verl: {s['steps']} steps (step {s['first_step']} to {s['last_step']}), {s['seconds']:.0f} s with Ray's "
+        f"start-up; "
         f"train reward{_key_note(s.get('reward_key', TRAIN_REWARD))} {s['train_reward_first']:.3f} -> "
         f"{s['train_reward_last']:.3f}"
     )

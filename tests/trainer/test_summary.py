@@ -21,7 +21,7 @@ def test_summary_reads_first_and_last_reward_and_validation(tmp_path):
     assert (s["train_reward_first"], s["train_reward_last"]) == (0.02, 0.30)
     assert (s["val_metric"], s["val_first"], s["val_last"]) == ("val-core/echo/acc/mean@1", 0.1, 0.4)
     assert summary_line(s) == (
-        f"mgrpo_verl: 2 steps (step 1 to 2) in 12 s; train reward 0.020 -> 0.300; "
+        f"mgrpo_verl: 2 steps (step 1 to 2), 12 s with Ray's start-up; train reward 0.020 -> 0.300; "
         f"val-core/echo/acc/mean@1 0.100 -> 0.400; metrics {metrics}"
     )
 
@@ -42,7 +42,7 @@ def test_summary_shows_held_out_exact_accuracy_first(tmp_path):
     s = summarize(metrics, 3.0)
     assert (s["exact_metric"], s["exact_first"], s["exact_last"]) == ("val-aux/relay/exact/mean@1", 0.1, 0.35)
     assert summary_line(s) == (
-        "mgrpo_verl: 1 steps (step 1 to 1) in 3 s; train reward 0.010 -> 0.010; held-out exact accuracy "
+        "mgrpo_verl: 1 steps (step 1 to 1), 3 s with Ray's start-up; train reward 0.010 -> 0.010; held-out exact accuracy "
         f"0.100 -> 0.350 (val-aux/relay/exact/mean@1); val-core/relay/acc/mean@1 0.030 -> 0.060; metrics {metrics}"
     )
 
@@ -61,7 +61,7 @@ def test_summary_names_a_trainable_agent_that_never_got_rows(tmp_path):
     s = summarize(metrics, 30.0, "agent/main/score/mean")
     assert (s["rowless"], s["trained_steps"]) == ({"sub": 15}, 15)
     assert summary_line(s) == (
-        "mgrpo_verl: 15 steps (step 1 to 15) in 30 s; train reward (agent/main/score/mean) 0.500 -> 0.500; "
+        "mgrpo_verl: 15 steps (step 1 to 15), 30 s with Ray's start-up; train reward (agent/main/score/mean) 0.500 -> 0.500; "
         f"val-core/relay/acc/mean@1 0.100 -> 0.100; agent sub got no rows in 15 of 15 steps: it never trained; "
         f"metrics {metrics}"
     )
