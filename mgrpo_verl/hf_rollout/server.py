@@ -19,15 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from mgrpo_verl.config import setting
-from mgrpo_verl.hf_rollout.adapters import base_fingerprint, tensors_fingerprint
-from mgrpo_verl.hf_rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine, weights_fingerprint
-from mgrpo_verl.hf_rollout.sampling import (
-    LOGPROBS_MODES,
-    InvalidRequestError,
-    parse_sampling_params,
-    validate_prompt_ids,
-)
+
+# torch, transformers and verl are imported where they are used, not here: every process that receives a handle
+# of this actor imports this module to rebuild the handle (Ray does so on deserialising it), the request router
+# (trainer/balancer.py) among them, which should stay a ~70 MiB process
+if TYPE_CHECKING:
+    from mgrpo_verl.hf_rollout.engine import GenerationRequest, GenerationResult, HFGenerationEngine
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -143,6 +143,8 @@ class HFRolloutServer:
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.config import HFModelConfig
 
+        from mgrpo_verl.hf_rollout.sampling import LOGPROBS_MODES
+
         self.config = omega_conf_to_dataclass(config)
         self.model_config = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.rollout_mode = rollout_mode
@@ -211,6 +213,8 @@ class HFRolloutServer:
         if self.engine is not None:
             return
         import torch
+
+        from mgrpo_verl.hf_rollout.engine import HFGenerationEngine
 
         # Measured on the 2-core CI machine: two intra-op threads make the small matmuls of these models
         # 4-50x slower than one (thread hand-off dominates), and replicas run side by side; so by default
@@ -344,6 +348,9 @@ class HFRolloutServer:
         """
         from verl.workers.rollout.replica import TokenOutput
 
+        from mgrpo_verl.hf_rollout.engine import GenerationRequest
+        from mgrpo_verl.hf_rollout.sampling import InvalidRequestError, parse_sampling_params, validate_prompt_ids
+
         engine = self._require_engine()
         request_id = request_id or uuid.uuid4().hex
         if kwargs:
@@ -475,6 +482,8 @@ class HFRolloutServer:
             self._idle.set()
 
     def _finish_aborted(self, p: _Pending) -> None:
+        from mgrpo_verl.hf_rollout.engine import GenerationResult
+
         if not p.future.done():
             p.future.set_result(GenerationResult(token_ids=[], log_probs=None, finish_reason="abort"))
 
@@ -575,6 +584,8 @@ class HFRolloutServer:
 
     async def finish_weight_update(self, global_steps: int | None = None) -> dict:
         """Re-open the gate; fails if any received name matched no model parameter."""
+        from mgrpo_verl.hf_rollout.engine import weights_fingerprint
+
         unknown, self._pending_unknown = self._pending_unknown, []
         loaded = len(self._loaded_names)
         self.weight_version += 1
@@ -603,6 +614,8 @@ class HFRolloutServer:
         """Load LoRA adapter ``name`` (added on first call) between batches; the base weights and the other
         adapters are untouched. Adapters of several agents may be pushed concurrently: each push waits for
         the running batch, as a full weight update does, and pushes run one at a time."""
+        from mgrpo_verl.hf_rollout.adapters import base_fingerprint, tensors_fingerprint
+
         engine = self._require_engine()
         if self._adapter_lock is None:
             self._adapter_lock = asyncio.Lock()
@@ -635,6 +648,8 @@ class HFRolloutServer:
 
     def get_base_fingerprint(self) -> str:
         """:func:`~mgrpo_verl.hf_rollout.adapters.base_fingerprint` of the engine's base weights."""
+        from mgrpo_verl.hf_rollout.adapters import base_fingerprint
+
         return base_fingerprint(self._require_engine().model)
 
     # ------------------------------------------------------------------ introspection
