@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import hydra
@@ -61,6 +62,38 @@ def ray_environment(on_cpu: bool, env: dict[str, str], joins_cluster: bool = Fal
         finally:
             if ours and ray.is_initialized():
                 ray.shutdown()
+
+
+class DriverTaskRunner:
+    """verl's ``TaskRunnerV1`` run in the driver process (``mgrpo_verl.trainer_in_driver``) instead of an actor.
+
+    verl's ``run_ppo`` takes the TaskRunner class as an argument ("for recipe to change TaskRunner") and uses only
+    ``cls.remote()`` and ``ray.get(runner.run.remote(config))``: this class answers both, runs the trainer here and
+    returns a ready object ref. Everything the actor would have seen of the job's ``runtime_env`` (verl's
+    ``env_vars``: ``TRANSFER_QUEUE_ENABLE``, ``TOKENIZERS_PARALLELISM`` ...) is set in this process for the run's
+    duration; variables already set win, as for Ray's workers, which inherit them."""
+
+    def __init__(self):
+        self.run = SimpleNamespace(remote=self._run)
+
+    @classmethod
+    def remote(cls) -> DriverTaskRunner:
+        return cls()
+
+    @staticmethod
+    def _run(config: DictConfig):
+        import ray
+        from verl.trainer.main_ppo import TaskRunnerV1
+
+        job_env = (ray.get_runtime_context().runtime_env or {}).get("env_vars") or {}
+        added = {key: str(value) for key, value in job_env.items() if key not in os.environ}
+        os.environ.update(added)
+        try:
+            TaskRunnerV1.__ray_actor_class__().run(config)  # the class under verl's @ray.remote
+        finally:
+            for key in added:
+                os.environ.pop(key, None)
+        return ray.put(None)
 
 
 def summarize(metrics_file: Path, seconds: float, reward_key: str = TRAIN_REWARD) -> dict[str, Any]:
@@ -189,7 +222,7 @@ def run(config: DictConfig) -> dict[str, Any]:
     total_steps = int(OmegaConf.select(config, "trainer.total_training_steps", default=None) or 0)
     with (ray_environment(on_cpu, env, joins_cluster),
           watch_steps(metrics_file, total_steps, reward_key)):
-        run_ppo(config, task_runner_class=TaskRunnerV1)
+        run_ppo(config, task_runner_class=DriverTaskRunner if config.mgrpo_verl.trainer_in_driver else TaskRunnerV1)
     summary = summarize(metrics_file, time.monotonic() - start, reward_key)
     print(summary_line(summary), flush=True)
     return summary

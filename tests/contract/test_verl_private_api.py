@@ -241,6 +241,11 @@ SEAMS: tuple[Seam, ...] = (
     Seam(f"{AGENT_LOOP_TQ}:AgentLoopWorkerTQ.__ray_actor_class__", (SUB_SERVICE,),
          "SubAgentService subclasses the plain class behind verl's Ray actor class",
          behaviour="ray_actor_class"),
+    Seam("verl.trainer.main_ppo:TaskRunnerV1.__ray_actor_class__", ("mgrpo_verl/main_ppo.py",),
+         "DriverTaskRunner (mgrpo_verl.trainer_in_driver) runs the plain class behind verl's TaskRunner actor in the "
+         "driver, handed to run_ppo as its task_runner_class, of which run_ppo uses only .remote() and "
+         ".run.remote(config) under ray.get (.options only for nsys profiling on CUDA)",
+         behaviour="task_runner_hook"),
     # ---- agent loops
     Seam(f"{TOOL_LOOP}:ToolAgentLoop._handle_generating_state", (TOOL_DELEGATION,),
          "ToolDelegationLoop overrides it: verl's step, then calls beyond the per-turn cap get an error",
@@ -502,6 +507,18 @@ def ray_actor_class(seam: Seam) -> None:
     assert cls in SubAgentService.__mro__
 
 
+def task_runner_hook(seam: Seam) -> None:
+    from verl.trainer.main_ppo import run_ppo
+
+    cls = resolve(seam.target)
+    assert inspect.isclass(cls) and list(inspect.signature(cls.run).parameters)[:2] == ["self", "config"], _where(seam)
+    src = inspect.getsource(run_ppo)
+    uses = {call for call in ("task_runner_class.remote()", "ray.get(runner.run.remote(config))") if call in src}
+    assert len(uses) == 2 and src.count("task_runner_class") == 4, (  # the parameter, its doc, .options, .remote
+        f"run_ppo uses its task_runner_class otherwise now; {_where(seam)}. Re-check DriverTaskRunner: it answers "
+        f".remote() and .run.remote(config) only (and .options() is reached only under nsys)")
+
+
 def tool_loop_attributes(seam: Seam) -> None:
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
@@ -612,7 +629,7 @@ def logprobs_patch_guarded(seam: Seam) -> None:
 BEHAVIOURS: dict[str, Callable[[Seam], None]] = {
     f.__name__: f
     for f in (trainer_mode_readers, pool_attribute_readers, fields_none_reads_all, key_format_and_reward_copy,
-              keys_parsed_with_rsplit, ray_actor_class, tool_loop_attributes, agent_loop_registry, rollout_registry,
+              keys_parsed_with_rsplit, ray_actor_class, task_runner_hook, tool_loop_attributes, agent_loop_registry, rollout_registry,
               replica_registry, replica_class_hook, replica_server_fields, client_load_balancer, platform_singleton, engine_registry,
               logprobs_patch_guarded,
               patch_guarded)

@@ -101,12 +101,13 @@ def two_agent_job(tmp_path_factory) -> ClusterRun:
 def frozen_sub_on_one_gpu(tmp_path_factory) -> Run:
     """The two models of ``two_agent_job`` with the sub-agent frozen (``trainable=false``), both on ONE logical GPU
     (``placement=shared``), 1 step, validation after it; no GPU memory is given, so the pre-flight estimate is
-    skipped."""
+    skipped. verl's own layout of the controller (a TaskRunner actor: ``mgrpo_verl.trainer_in_driver=false``, the
+    accelerator default), where the other runs keep it in the driver (the CPU default)."""
     main_ppo = MainPPO(tmp_path_factory.mktemp("frozen_sub_on_one_gpu"))
     return main_ppo(
         "frozen", "trainer.n_gpus_per_node=1", "multi_agent.placement=shared", "multi_agent.agents.sub.trainable=false",
         "trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=1", *TWO_MODELS,
-        f"multi_agent.delegation.scorer={dense_scorer(main_ppo.root)}",
+        f"multi_agent.delegation.scorer={dense_scorer(main_ppo.root)}", "mgrpo_verl.trainer_in_driver=false",
         config=MGRPO_CONFIG,
     )
 

@@ -108,3 +108,9 @@ def test_the_agents_server_manager_hands_it_to_verl_unless_a_router_is_configure
     assert manager()._load_balancer_cls is RequestBalancer
     assert manager(full_determinism=True)._load_balancer_cls is DeterministicRequestBalancer
     assert manager(router_config_path="my_router.yaml")._load_balancer_cls is None  # verl loads the user's router
+
+
+def test_it_answers_every_method_of_verls_balancer():
+    # a method verl adds (and its trainers call on the router) must be added here too
+    public = {name for name in vars(GlobalRequestLoadBalancer) if not name.startswith("_")}
+    assert public <= {name for name in dir(RequestBalancer) if not name.startswith("_")}

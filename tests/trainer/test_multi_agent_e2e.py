@@ -35,9 +35,11 @@ def test_two_models_train_and_checkpoint(two_agent_job):
     summary = [line for line in first.log.splitlines() if line.startswith("mgrpo_verl: ")]
     assert summary and "train reward (agent/main/score/mean)" in summary[-1], summary
     assert [line.split()[2] for line in summary if line.startswith("mgrpo_verl: step ")] == ["1/2", "2/2"], summary
-    # the config is parsed into the run's plan once per process: the driver's, then the trainer's (a Ray actor)
+    # the config is parsed into a plan twice: by the driver's checks, then by the trainer, here in the driver too
+    # (mgrpo_verl.trainer_in_driver, the CPU default): no TaskRunner actor
     plans = [line for line in first.log.splitlines() if "mgrpo plan: trainer mode multi_agent" in line]
-    assert len(plans) == 2 and plans[0].startswith("mgrpo plan: ") and "TaskRunner" in plans[1], plans
+    assert len(plans) == 2 and all(p.startswith("mgrpo plan: ") for p in plans), plans
+    assert "(TaskRunnerV1 pid=" not in first.log
     assert any(k.startswith("val-core/") for k in first.at(0)) and any(k.startswith("val-core/") for k in first.at(2))
     for step in (1, 2):
         m = first.at(step)
@@ -99,6 +101,9 @@ def test_frozen_sub_agent(frozen_sub_on_one_gpu):
     """Frozen sub-agent: only the main model is updated and synced."""
     frozen = frozen_sub_on_one_gpu
     assert frozen.returncode == 0, frozen.log[-6000:]
+    # mgrpo_verl.trainer_in_driver=false: verl's layout, the trainer's plan printed by its TaskRunner actor
+    plans = [line for line in frozen.log.splitlines() if "mgrpo plan: trainer mode multi_agent" in line]
+    assert len(plans) == 2 and plans[0].startswith("mgrpo plan: ") and "(TaskRunnerV1 pid=" in plans[1], plans
     m = frozen.at(1)
     assert "agent/main/actor/pg_loss" in m and not any(k.startswith("agent/sub/actor/") for k in m)
     assert "agent/main/actor/kl_loss" in m
