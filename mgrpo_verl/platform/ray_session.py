@@ -146,9 +146,15 @@ def cpu_sizing_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
       driver connects (16 here: the logical CPUs are oversized on purpose, see ``DEFAULT_NUM_CPUS``); the
       ones no actor takes stay idle. Off: 85 MiB less at the peak (two idle workers fewer), start-up CPU
       time unchanged (75-81 against 72-78 CPU seconds to the first step, two runs each).
+    - ``RAY_num_workers_soft_limit=0``: the workers that ran Ray tasks during start-up (no actor in them)
+      stay as idle workers up to this many, default the logical CPUs (16). 0: Ray stops them after a second
+      idle. Default run, 8 steps, 2 idle cores, 2026-12-05: two processes (122 MiB) fewer at the peak, start-up
+      and step times unchanged within noise (43.0 against 43.5 s to the first step, median step 1.57 against
+      1.49 s): no task runs per step.
     """
     environ = os.environ if environ is None else environ
-    defaults = {"TQ_NUM_THREADS": str(physical_cores()), "RAY_prestart_worker_first_driver": "0"}
+    defaults = {"TQ_NUM_THREADS": str(physical_cores()), "RAY_prestart_worker_first_driver": "0",
+                "RAY_num_workers_soft_limit": "0"}
     return {key: value for key, value in defaults.items() if key not in environ}
 
 
