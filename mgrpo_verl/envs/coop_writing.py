@@ -519,10 +519,66 @@ def score_article_split(article: WikiArticle) -> WritingScore:
     return score_writing(summary, details, article.extract, article=article)
 
 
+# ----------------------------------------------------------------------------------------------------
+# demonstrations (the warm start's: docs/magrpo.md, "Warm start")
+
+#: Articles of the RL dataset (``coop_tasks.write_writing_dataset``): ``writing_splits(0, 256, 32)``.
+DATASET_SPLIT_SEED, DATASET_TRAIN, DATASET_VAL = 0, 256, 32
+#: Words of a demonstration's details (the start of the lead after its first sentence), and of its summary when
+#: the article has no description (the start of the first sentence). At 3.2 tokens per word of the tiny tokenizer 95 %
+#: of the details fit 61 tokens: give a completion 64 (``multi_agent.cooperation.response_tokens=64``).
+DEMO_SUMMARY_WORDS, DEMO_DETAILS_WORDS = 6, 15
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=\S)")
+
+
+def demonstration(article: WikiArticle) -> dict[str, list[dict[str, str]]]:
+    """One episode of the warm start: each agent's prompt (:func:`agent_messages`) and an answer.
+
+    The summary is ``"<title> is <description>."``, words the prompt holds, so that a tiny model can learn to write
+    it (the article's own first sentence when there is no description, cut to :data:`DEMO_SUMMARY_WORDS` words); the
+    details are the first :data:`DEMO_DETAILS_WORDS` words of the lead after its first sentence (of the first
+    sentence again when there is no more), facts the prompt does not hold: the model learns their length and
+    register, not their words. On the RL training articles the demonstrations score 0.42 (structure 0.54, style
+    0.51, coherence 0.08, relevance 1.0); a pair that copies the summary right and writes the details as words
+    found nowhere scores 0.39 (structure 0.79, style and coherence 0, relevance 0.99): what RL can add is mostly
+    style (the details sharing the summary's terms) and coherence (transitions), docs/magrpo.md "Warm start"."""
+    first, *rest = _SENTENCE_END_RE.split(article.extract.strip(), maxsplit=1)
+    if article.description:
+        summary = f"{article.title} is {article.description}."
+    else:
+        summary = " ".join(first.split()[:DEMO_SUMMARY_WORDS])
+    details = " ".join((rest[0] if rest else first).split()[:DEMO_DETAILS_WORDS])
+    return {agent: [*agent_messages(article, agent), {"role": "assistant", "content": text}]
+            for agent, text in (("summary", summary), ("details", details))}  # fmt: skip
+
+
+def demonstrations(n: int, seed: int, split: str) -> list[dict[str, list[dict[str, str]]]]:
+    """The warm start's demonstrations (``mgrpo_verl.warmstart.demos``, docs/warmstart.md "Your own
+    demonstrations"): ``n`` episodes of :func:`demonstration`. ``"train"`` draws them, shuffled by ``seed``, from
+    every article but the RL dataset's validation ones, so that held-out stays held out; ``"val"`` takes those
+    (the SFT's validation loss is measured on them, nothing trains on them).
+
+    Raises:
+        ValueError: ``split`` is neither ``"train"`` nor ``"val"``, or ``n`` exceeds the articles available.
+    """
+    _, val = writing_splits(DATASET_SPLIT_SEED, DATASET_TRAIN, DATASET_VAL)
+    if split == "train":
+        held_out = {a.title for a in val}
+        pool = sorted((a for a in load_wiki_summaries() if a.title not in held_out), key=lambda a: a.title)
+        random.Random(seed).shuffle(pool)
+    elif split == "val":
+        pool = val
+    else:
+        raise ValueError(f"coop_writing.demonstrations: split must be 'train' or 'val', got {split!r}")
+    if n > len(pool):
+        raise ValueError(f"coop_writing.demonstrations: {n} {split} demonstrations asked for, {len(pool)} articles")
+    return [demonstration(article) for article in pool[:n]]
+
+
 __all__ = [
     "AGENTS", "SELF_ROLE", "SHIPPED_ARTICLES", "STOPWORDS", "TRANSITIONS", "TRANSITION_MARKERS", "WikiArticle",
-    "WritingScore", "agent_messages", "article_vocabulary", "content_vocabulary", "jaccard", "length_ratio_score",
-    "load_wiki_summaries", "reference_overlap", "score_article_split", "score_writing", "single_messages",
-    "split_single_response", "topical_relevance", "transitions_in", "unique_ratio_score", "wiki_json_path",
-    "with_peer", "words", "writing_splits",
+    "WritingScore", "agent_messages", "article_vocabulary", "content_vocabulary", "demonstration", "demonstrations",
+    "jaccard", "length_ratio_score", "load_wiki_summaries", "reference_overlap", "score_article_split", "score_writing",
+    "single_messages", "split_single_response", "topical_relevance", "transitions_in", "unique_ratio_score",
+    "wiki_json_path", "with_peer", "words", "writing_splits",
 ]

@@ -3,8 +3,9 @@
 ``python -m mgrpo_verl.experiments.magrpo_comparison run --out DIR --seeds 0 1 2 --steps 40`` does, on the
 task's validation items (``--problems`` items, ``--samples`` joint samples each, sampled at temperature 1):
 
-1. the four baselines with the initial models (single, parallel, sequential, discussion:
-   :mod:`mgrpo_verl.experiments.coop_baselines`), once: ``DIR/untrained``;
+1. the four baselines with the models the training starts from (single, parallel, sequential, discussion:
+   :mod:`mgrpo_verl.experiments.coop_baselines`), once: ``DIR/untrained`` (for the writing task its warm start,
+   built first when not cached: :func:`initial_models`);
 2. per seed, MAGRPO training (``python -m mgrpo_verl.main_ppo --config-name magrpo_trainer`` with
    ``coop_task``, the seed, and a Hugging Face export of every agent every ``--eval-every`` steps), then the
    trained agents under the parallel protocol (MAGRPO's own: every agent writes its part at once) at each
@@ -55,11 +56,37 @@ def _agent_exports(step_dir: Path) -> dict[str, Path]:
     return exports
 
 
+def initial_models(task: str, extra: list[str]) -> Optional[dict[str, Path]]:
+    """Each agent's model as the training runs start it, when that is a warm start (the writing task's): its
+    checkpoints, built now when not cached (as ``main_ppo`` would before Ray, same cache). ``None`` when the config
+    starts from the built-in models, which :mod:`coop_baselines` loads by default."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from mgrpo_verl.config.plan import build_plan
+    from mgrpo_verl.launcher import warm_start
+    from mgrpo_verl.launcher.resolvers import register_resolvers
+
+    register_resolvers()
+    with initialize_config_module("mgrpo_verl.config", version_base=None):
+        config = compose(config_name="magrpo_trainer", overrides=[f"coop_task={COOP_TASK[task]}", *extra])
+    OmegaConf.resolve(config)
+    found = warm_start.requested(OmegaConf.select(config, "mgrpo_verl.warmstart", default=None))
+    plan = build_plan(config)
+    paths = {agent: Path(str(plan.agent_configs[plan.multi_agent.owner_of(agent)].actor_rollout_ref.model.path))
+             for agent in plan.multi_agent.agents}  # fmt: skip
+    if found is None or not all(path.is_relative_to(found.target()) for path in paths.values()):
+        return None
+    warm_start.run_stage(plan)
+    return paths
+
+
 def run_all(out: Path, task: str, seeds: list[int], steps: int, eval_every: int, problems: int, samples: int,
             max_tokens: int, extra: list[str]) -> None:  # fmt: skip
     """Every step of the module docstring that has not finished yet, printing progress."""
-    print("untrained baselines ...", flush=True)
-    _baselines(task, out / "untrained", problems, samples, max_tokens, list(coop_baselines.PROTOCOLS))
+    models = initial_models(task, extra)
+    print(f"baselines before RL ({'the warm start' if models else 'the built-in models'}) ...", flush=True)
+    _baselines(task, out / "untrained", problems, samples, max_tokens, list(coop_baselines.PROTOCOLS), models)
     for seed in seeds:
         run_dir = out / f"seed{seed}"
         ckpt = run_dir / "ckpt"
@@ -147,7 +174,7 @@ def markdown(result: dict[str, Any], task: str) -> str:
     for protocol in coop_baselines.PROTOCOLS:
         if protocol in result["untrained"]:
             row = result["untrained"][protocol]
-            lines.append(f"| {protocol} | untrained | "
+            lines.append(f"| {protocol} | before RL | "
                          + " | ".join(f"{row.get(k, math.nan):.3f}" for k in keys) + " |")
         trained = [s[protocol] for s in last.values() if protocol in s]
         if trained:
@@ -181,10 +208,10 @@ def plot(result: dict[str, Any], task: str, path: Path) -> None:
         ax.plot(sorted(curve), [curve[k] for k in sorted(curve)], color="C0", alpha=0.25, linewidth=0.8, linestyle="--",
                 label="MAGRPO, training reward" if seed == min(result["train"]) else None)  # fmt: skip
     for i, (protocol, row) in enumerate(result["untrained"].items(), 1):
-        ax.axhline(row["reward"], color=f"C{i}", linestyle=":", linewidth=1.5, label=f"untrained, {protocol}")
+        ax.axhline(row["reward"], color=f"C{i}", linestyle=":", linewidth=1.5, label=f"before RL, {protocol}")
     ax.set_xlabel("training step")
     ax.set_ylabel("joint reward")
-    ax.set_title(f"MAGRPO on {task} (CPU, tiny models) vs no-training baselines")
+    ax.set_title(f"MAGRPO on {task} (CPU, tiny models) vs the same agents before RL")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

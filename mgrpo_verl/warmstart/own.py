@@ -349,7 +349,8 @@ def agent_tools(plan: Any, agents: Iterable[str]) -> dict[str, list[dict[str, An
     .RunPlan`), as the rollout offers them: the tools of its model owner's config
     (``actor_rollout_ref.rollout.multi_turn.tool_config_path`` / ``function_tool_path``, verl's ``load_all_tools``),
     and for the main agent ``ask_<sub>`` for each sub-agent after them, in the plan's order (what
-    ``ToolDelegationLoop`` appends). A run of one model (no ``multi_agent``) has one agent, ``main``.
+    ``ToolDelegationLoop`` appends). A run of one model (no ``multi_agent``) has one agent, ``main``. MAGRPO's
+    cooperative loop (``multi_agent.algorithm: magrpo``) offers no tools: every agent gets none.
 
     Raises:
         ValueError: an agent the run does not have, one that shares another's model (fine-tune that one), or a main
@@ -373,6 +374,9 @@ def agent_tools(plan: Any, agents: Iterable[str]) -> dict[str, list[dict[str, An
         if owner != agent:
             raise ValueError(f"mgrpo_verl.warmstart.agents.{agent}: {agent!r} plays {owner!r}'s model "
                              f"(multi_agent.agents.{agent}.share_model_with): fine-tune {owner!r} instead")
+        if ma is not None and ma.algorithm == "magrpo":
+            out[agent] = []  # CooperativeLoop renders every prompt without tools
+            continue
         config = plan.agent_configs[agent] if ma is not None else plan.config
         paths = [setting(config, f"actor_rollout_ref.rollout.multi_turn.{k}", None)
                  for k in ("tool_config_path", "function_tool_path")]  # fmt: skip

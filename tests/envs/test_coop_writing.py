@@ -430,3 +430,63 @@ def test_every_component_stays_in_unit_interval(summary, details, reference, use
         assert 0.0 <= s.relevance <= 1.0
         want *= s.relevance
     assert s.reward == pytest.approx(want if s.valid else 0.0, abs=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- demonstrations
+
+
+def test_a_demonstration_is_each_agent_s_prompt_and_its_part_of_the_lead():
+    article = cw.WikiArticle(
+        title="Paris", description="capital of France", topic="Geography",
+        extract="Paris is the capital and largest city of France. It lies on the Seine in the north of the country, "
+                "and it has been a centre of finance, diplomacy, commerce, fashion and science for centuries. Third.",
+    )  # fmt: skip
+    episode = cw.demonstration(article)
+    # the summary from the prompt's words: "<title> is <description>."
+    assert episode["summary"] == [*cw.agent_messages(article, "summary"),
+                                  {"role": "assistant", "content": "Paris is capital of France."}]
+    # the details: the first 15 words after the first sentence: It(1) lies on the Seine(5) in the north of the(10)
+    # country, and it has been(15)
+    assert episode["details"] == [*cw.agent_messages(article, "details"), {
+        "role": "assistant", "content": "It lies on the Seine in the north of the country, and it has been"}]
+    # no description: the summary is the first 6 words of the lead; one sentence only: the details repeat its start
+    short = cw.WikiArticle(title="X", description="", topic="T", extract="One two three four five six seven eight.")
+    assert [m[-1]["content"] for m in cw.demonstration(short).values()] == [
+        "One two three four five six", "One two three four five six seven eight."]
+
+
+def test_demonstrations_keep_the_rl_validation_articles_out_of_training(tmp_path):
+    import pandas as pd
+
+    from mgrpo_verl.envs.coop_tasks import write_writing_dataset
+
+    _, val_file = write_writing_dataset(tmp_path)  # the RL dataset: its item is the article's title
+    rl_val_titles = {row["reward_model"]["ground_truth"] for _, row in pd.read_parquet(val_file).iterrows()}
+    val = cw.demonstrations(32, 0, "val")
+    assert len(val) == 32
+    val_titles = {_title(e) for e in val}
+    assert val_titles == rl_val_titles
+    train = cw.demonstrations(512, 0, "train")
+    assert len(train) == 512 and not {_title(e) for e in train} & val_titles
+    assert train == cw.demonstrations(512, 0, "train")  # the same for the same seed
+    assert [_title(e) for e in train[:8]] != [_title(e) for e in cw.demonstrations(8, 1, "train")]
+    with pytest.raises(ValueError, match="split must be 'train' or 'val', got 'test'"):
+        cw.demonstrations(1, 0, "test")
+    with pytest.raises(ValueError, match="33 val demonstrations asked for, 32 articles"):
+        cw.demonstrations(33, 0, "val")
+
+
+def _title(episode) -> str:
+    prompt = episode["summary"][0]["content"]
+    return prompt.split('about "', 1)[1].split('" (', 1)[0]
+
+
+def test_demonstrations_score_what_the_docstring_says(articles):
+    by_title = {a.title: a for a in articles}
+    scores = [cw.score_writing(e["summary"][-1]["content"], e["details"][-1]["content"], article=by_title[_title(e)])
+              for e in cw.demonstrations(256, 0, "train")]  # fmt: skip
+    mean = {k: sum(getattr(s, k) for s in scores) / len(scores) for k in ("reward", "coherence", "relevance")}
+    # demonstration()'s docstring, measured on the RL training articles: 0.42, coherence 0.08, relevance 1.0; here on
+    # 256 demonstration articles drawn from the whole pool
+    assert mean["reward"] == pytest.approx(0.42, abs=0.04)
+    assert mean["coherence"] < 0.15 and mean["relevance"] > 0.95

@@ -39,7 +39,7 @@ def test_report_table_and_plot(tmp_path):
     assert result["train"][0] == {1: 0.05, 2: 0.25}
     table = magrpo_comparison.report(runs, tmp_path / "out", task)
     # trained parallel at the last step: seeds 0.6 and 0.8 -> mean 0.7, (population) std 0.1
-    assert "| parallel | untrained | 0.200 |" in table and "| parallel | MAGRPO | 0.700 ± 0.100 |" in table
+    assert "| parallel | before RL | 0.200 |" in table and "| parallel | MAGRPO | 0.700 ± 0.100 |" in table
     assert "| single | MAGRPO | 0.000 ± 0.000 |" in table  # only seed 0 evaluated single
     assert (tmp_path / "out" / f"magrpo_{task}.png").stat().st_size > 1000
     assert (tmp_path / "out" / f"magrpo_{task}.md").read_text() == table

@@ -461,3 +461,24 @@ def test_three_agents_fine_tuned_from_their_demonstrations_then_cached(plan, cac
         assert stage.pending_models(plan) == {} and stage.run_stage(plan) is None
         again = own.warm_start(stage.requested(plan.config.mgrpo_verl.warmstart).spec, TOOLS, tmp_path / "warmstart")
         assert again.directory == target and again.checkpoints == {a: target / a for a in TOOLS}
+
+
+def test_magrpo_agents_are_fine_tuned_without_tools(cache_dir):
+    # MAGRPO's cooperative loop renders every prompt without tools, so its agents' SFT must not see any; before, the
+    # first agent was handed ask_<other> as if it delegated (the plan's main agent)
+    with patched_environ({"MGRPO_VERL_CACHE": str(cache_dir)}):
+        with initialize_config_module("mgrpo_verl.config", version_base=None):
+            cfg = compose(config_name="magrpo_trainer")
+        with open_dict(cfg):
+            cfg.mgrpo_verl.warmstart = {
+                "task": None, "demos": "mgrpo_verl.envs.coop_writing:demonstrations",
+                "agents": {"summary": {"base": "tiny_init01", "steps": 2}, "details": {"base": "tiny_init01", "steps": 2}}}
+            cfg.actor_rollout_ref.model.path = "${mgrpo_warmstart:summary,${mgrpo_verl.warmstart}}"
+            details = cfg.multi_agent.agents.details.actor_rollout_ref.model
+            details.path, details.tokenizer_path = "${mgrpo_warmstart:details,${mgrpo_verl.warmstart}}", None
+        OmegaConf.resolve(cfg)
+        plan = build_plan(cfg)
+        found = stage.requested(cfg.mgrpo_verl.warmstart)
+        assert found.agents == ("summary", "details")
+        assert plan.agent_configs["details"].actor_rollout_ref.model.path == str(found.target() / "details")
+        assert own.agent_tools(plan, found.agents) == {"summary": [], "details": []}
