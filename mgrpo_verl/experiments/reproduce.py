@@ -105,7 +105,7 @@ CLAIMS: dict[str, Claim] = {
             ),
             # RL's seed (the order of the prompts); every run from the same warm start, as compare.py runs them
             seed_key="data.seed",
-            minutes="about 8 with its warm start cached, 15-20 from an empty cache (2 cores)",
+            minutes="about 3 with its warm start cached, 8 from an empty cache (2 idle cores, 2026-12-06)",
             pythonpath="examples/specialists",
             prepare=("examples/specialists/specialists.py", "data"),
             prepared="examples/specialists/data/train.parquet",

@@ -56,7 +56,7 @@ COMMANDS = [
     "python compare.py run --seeds 0 1 2",
     "python compare.py report --out ../../docs/results",
 ]
-#: the small size: a warm start that teaches main to write both calls (not the example's 250 + 250 and 150 steps,
+#: the small size: a warm start that teaches main to write both calls (not the example's 250 + 500 and 300 steps,
 #: which are what learns: docs/results/specialists_baselines.md), small batches, 2 steps, a checkpoint per step
 SMALL = (
     "mgrpo_verl.warmstart.agents.main.steps=120", "mgrpo_verl.warmstart.agents.main.restart_steps=0",
