@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from mgrpo_verl.envs.coop_writing import DATASET_SPLIT_SEED, DATASET_TRAIN, DATASET_VAL
 from mgrpo_verl.envs.splits import write_splits
 
 CODE_SOURCE = "mgrpo_verl/coop_code"
@@ -215,8 +216,8 @@ def write_code_dataset(directory: str | Path, n_train: int = 132, n_val: int = 3
     )
 
 
-def write_writing_dataset(directory: str | Path, n_train: int = 256, n_val: int = 32,
-                          seed: int = 0) -> tuple[Path, Path]:
+def write_writing_dataset(directory: str | Path, n_train: int = DATASET_TRAIN, n_val: int = DATASET_VAL,
+                          seed: int = DATASET_SPLIT_SEED) -> tuple[Path, Path]:
     """Wikipedia articles for the writing task (``coop_writing.writing_splits``)."""
     from mgrpo_verl.envs.coop_writing import writing_splits
 
