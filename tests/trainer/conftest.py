@@ -138,9 +138,12 @@ def decoupled_on_two_machines(tmp_path_factory) -> DecoupledRun:
     secret = main_ppo.root / "secret"  # the two machines' copies of one file
     secret.write_text(TEST_SECRET)
     secret.chmod(0o600)
+    # the dense scorer on both sides: with the relay task's own reward nearly every row of a random tiny model scores
+    # 0, every group ties and the sub side's update is zero (the suite saw max(grad_norm) == 0 under load)
     common = (f"multi_agent.decoupled.store=sqlite:///{db}", f"trainer.total_training_steps={DECOUPLED_STEPS}",
               "trainer.n_gpus_per_node=1", f"multi_agent.d_max={DECOUPLED_D_MAX}",
-              f"multi_agent.decoupled.secret_file={secret}")
+              f"multi_agent.decoupled.secret_file={secret}",
+              f"multi_agent.delegation.scorer={dense_scorer(main_ppo.root)}")
 
     def start(side: str, machine, *overrides: str):
         return main_ppo.start(side, f"multi_agent.decoupled.role={side}", *common, *overrides,

@@ -6,6 +6,9 @@ test_multinode_e2e.py checks.
 Setup: B = 4 queries x n = 4 rollouts per step, 2 steps, D_max = 2; the main side validates before
 training and after step 2 (its calls reach the sub side, which must keep no row of them).
 
+Both sides score with the dense scorer of e2e.py (the relay reward is 0 for nearly every answer of a random
+tiny model: every group tied and the sub side's gradient was 0, which the suite saw under load).
+
 Checked:
 - both processes exit 0; the sub side served the main side's calls, validation calls included;
 - the main side trains 16 main rows per step and no sub rows; the sub side trains D_max rows per main
