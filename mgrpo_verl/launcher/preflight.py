@@ -48,6 +48,7 @@ def preflight(plan: RunPlan, on_cpu: bool, pending_models: Optional[Mapping[str,
     config, pending = plan.config, dict(pending_models or {})
     check_rollout_n(plan)  # verl takes n <= 0 and fails minutes later in the replay buffer
     check_values(plan)
+    check_file_logger(config)
     if plan.multi_agent is None:  # one model: the rule the plan applies to each multi-agent model owner
         check_micro_batches(config)
     check_rollout_engines(plan)
@@ -113,6 +114,19 @@ def check_values(plan: RunPlan) -> None:
 
 
 _ABSENT = object()
+
+
+def check_file_logger(config: Any) -> None:
+    """``trainer.logger`` must hold verl's ``file`` logger: the per-step lines on screen and the summary line follow
+    the JSON-lines file it writes (``mgrpo_verl.metrics_file``). Without it the run trains for minutes with nothing
+    on screen after "starting Ray" and ends without its summary."""
+    loggers = OmegaConf.select(config, "trainer.logger", default=None)
+    names = [loggers] if isinstance(loggers, str) else list(loggers or [])
+    if "file" not in names:
+        raise ValueError(
+            f"trainer.logger must include 'file', got {names!r}: mgrpo_verl prints each step and the run's summary "
+            f"from the metrics file verl's file logger writes (mgrpo_verl.metrics_file); add it beside yours, e.g. "
+            f"trainer.logger=[console,file]")
 
 
 def check_rollout_engines(plan: RunPlan) -> None:

@@ -155,6 +155,14 @@ def test_values_verl_misuses_are_refused_naming_the_key(run, override, key, valu
     _refused(run, override, names=(f"{key} must be", f"got {value}"))
 
 
+def test_a_logger_list_without_file_is_refused(run):
+    """The step lines and the summary follow verl's file logger; without it a run showed nothing after "starting Ray"
+    for minutes (trainer.logger=[console], 2026-12-06). With it beside another logger the run reaches Ray."""
+    _refused(run, "trainer.logger=[console]", names=("trainer.logger must include 'file'", "['console']"))
+    err, _ = run("trainer.logger=[file,console]")
+    assert isinstance(err, ReachedRay), err
+
+
 def test_a_typo_is_refused_before_the_warm_start_is_built(run, monkeypatch):
     """task=relay_tools on a machine without its warm start: a bad value is refused at once, the SFT (minutes) never
     starts; with no bad value the launcher reaches the warm-start stage, after every check and before Ray."""
