@@ -24,11 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mgrpo_verl.experiments.logged_run import run_streamed
 from mgrpo_verl.launcher.step_progress import read_series
 
 ROOT = Path(__file__).resolve().parents[2]
-#: lines of a run shown on screen: the entry point's (start-up, steps, summary), the warm start's and its SFT bars
-PROGRESS_PREFIXES = ("mgrpo_verl:", "mgrpo_warmstart:", "warm start:")
 
 
 @dataclass(frozen=True)
@@ -161,17 +160,8 @@ def run_one(claim: Claim, seed: int, run_dir: Path) -> dict[str, Any]:
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     argv = command(claim, seed, run_dir)
     start = time.monotonic()
-    with (run_dir / "log.txt").open("w", buffering=1) as log:  # line by line: a cut run keeps its log
-        log.write(" ".join(argv) + "\n")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=ROOT / claim.launch_dir if claim.launch_dir else run_dir,
-                                env=environment(claim))
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith(PROGRESS_PREFIXES):
-                print(f"  [{claim.name} {claim.seed_key.rsplit('.', 1)[-1]}={seed}] {line.rstrip()}", flush=True)
-        rc = proc.wait()
+    rc = run_streamed(argv, run_dir / "log.txt", f"{claim.name} {claim.seed_key.rsplit('.', 1)[-1]}={seed}",
+                      cwd=ROOT / claim.launch_dir if claim.launch_dir else run_dir, env=environment(claim))
     series = read_series(run_dir / "metrics.jsonl")
     return {"seed": seed, "exit_code": rc, "seconds": round(time.monotonic() - start, 1), "series": series,
             "checks": judge(claim, series), "log": str(run_dir / "log.txt")}

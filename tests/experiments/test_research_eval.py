@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -109,13 +108,13 @@ def test_train_runs_each_variant_once_with_its_switches(tmp_path, monkeypatch):
     skipped on a second call; a run that leaves no checkpoint is an error."""
     calls = []
 
-    def fake_run(args, **kwargs):
+    def fake_run(args, log_path, label, **kwargs):
         calls.append(args)
         out = next(a.split("=", 1)[1] for a in args if a.startswith("trainer.default_local_dir="))
         (Path(out) / "global_step_3").mkdir(parents=True)
-        return subprocess.CompletedProcess(args, 0)
+        return 0
 
-    monkeypatch.setattr(logged_run.subprocess, "run", fake_run)
+    monkeypatch.setattr(logged_run, "run_streamed", fake_run)
     got = research_eval.train_all(tmp_path, ["joint", "single"], 3, "cpu", ["x=1"])
     assert got == {"joint": tmp_path / "joint" / "global_step_3", "single": tmp_path / "single" / "global_step_3"}
     assert [c[3] for c in calls] == ["research=cpu", "research=cpu"]
@@ -124,7 +123,7 @@ def test_train_runs_each_variant_once_with_its_switches(tmp_path, monkeypatch):
     research_eval.train_all(tmp_path, ["joint", "single"], 3, "cpu", [])
     assert len(calls) == 2  # both trained already
 
-    monkeypatch.setattr(logged_run.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 1))
+    monkeypatch.setattr(logged_run, "run_streamed", lambda args, log_path, label, **kw: 1)
     with pytest.raises(SystemExit, match="frozen training failed"):
         research_eval.train_all(tmp_path, ["frozen"], 3, "cpu", [])
 
