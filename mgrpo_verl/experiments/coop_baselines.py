@@ -154,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=4, help="joint samples per item and protocol (k)")
     parser.add_argument("--model", action="append", default=[], metavar="AGENT=PATH",
                         help="a Hugging Face model directory for an agent (default: built-in tiny, tiny_sub)")
+    parser.add_argument("--tokenizer", action="append", default=[], metavar="AGENT=PATH",
+                        help="that agent's tokenizer directory, where it is not the model's (a built-in smollm2)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -171,6 +173,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if agent not in task.agents or not path:
             parser.error(f"--model wants AGENT=PATH with AGENT one of {task.agents}, got {spec!r}")
         paths[agent] = {"model": path, "tokenizer": path}
+    for spec in args.tokenizer:
+        agent, _, path = spec.partition("=")
+        if agent not in task.agents or not path:
+            parser.error(f"--tokenizer wants AGENT=PATH with AGENT one of {task.agents}, got {spec!r}")
+        paths[agent]["tokenizer"] = path
     generate = hf_generate(paths, args.max_tokens, args.temperature, args.seed)
     start = time.monotonic()
     records = evaluate(task, items, args.protocols, generate, args.samples, progress=lambda m: print(m, flush=True))

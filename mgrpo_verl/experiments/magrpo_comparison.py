@@ -37,29 +37,31 @@ SAVE_CONTENTS = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimiz
 
 
 def _baselines(task: str, out: Path, problems: int, samples: int, max_tokens: int, protocols: list[str],
-               models: Optional[dict[str, Path]] = None) -> None:  # fmt: skip
-    """One coop_baselines evaluation into ``out`` (skipped when its records exist)."""
+               models: dict[str, dict[str, str]]) -> None:  # fmt: skip
+    """One coop_baselines evaluation into ``out`` of ``models`` (agent -> its ``model`` and ``tokenizer``
+    folders), skipped when its records exist."""
     if (out / f"{task}_records.jsonl").is_file():
         return
     argv = ["--task", task, "--problems", str(problems), "--samples", str(samples), "--max-tokens", str(max_tokens),
             "--out", str(out), "--protocols", *protocols]  # fmt: skip
-    for agent, path in (models or {}).items():
-        argv += ["--model", f"{agent}={path}"]
+    for agent, paths in models.items():
+        argv += ["--model", f"{agent}={paths['model']}", "--tokenizer", f"{agent}={paths['tokenizer']}"]
     coop_baselines.main(argv)
 
 
-def _agent_exports(step_dir: Path) -> dict[str, Path]:
-    """agent -> its Hugging Face export in a ``global_step_N`` folder."""
-    exports = {p.parent.parent.name: p for p in sorted(step_dir.glob("agents/*/actor/huggingface"))}
+def _agent_exports(step_dir: Path) -> dict[str, dict[str, str]]:
+    """agent -> its Hugging Face export in a ``global_step_N`` folder (verl writes the tokenizer beside it)."""
+    exports = {p.parent.parent.name: {"model": str(p), "tokenizer": str(p)}
+               for p in sorted(step_dir.glob("agents/*/actor/huggingface"))}  # fmt: skip
     if not exports:
         raise SystemExit(f"{step_dir} has no Hugging Face export (agents/*/actor/huggingface)")
     return exports
 
 
-def initial_models(task: str, extra: list[str]) -> Optional[dict[str, Path]]:
-    """Each agent's model as the training runs start it, when that is a warm start (the writing task's): its
-    checkpoints, built now when not cached (as ``main_ppo`` would before Ray, same cache). ``None`` when the config
-    starts from the built-in models, which :mod:`coop_baselines` loads by default."""
+def initial_models(task: str, extra: list[str]) -> dict[str, dict[str, str]]:
+    """Each agent's model and tokenizer folders as the training runs start them (``mgrpo_verl.model`` /
+    ``sub_model``, or the warm start's checkpoints, built now when not cached, as ``main_ppo`` would before Ray,
+    same cache), so that "before RL" evaluates the very models the runs train."""
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
@@ -71,21 +73,20 @@ def initial_models(task: str, extra: list[str]) -> Optional[dict[str, Path]]:
     with initialize_config_module("mgrpo_verl.config", version_base=None):
         config = compose(config_name="magrpo_trainer", overrides=[f"coop_task={COOP_TASK[task]}", *extra])
     OmegaConf.resolve(config)
-    found = warm_start.requested(OmegaConf.select(config, "mgrpo_verl.warmstart", default=None))
     plan = build_plan(config)
-    paths = {agent: Path(str(plan.agent_configs[plan.multi_agent.owner_of(agent)].actor_rollout_ref.model.path))
-             for agent in plan.multi_agent.agents}  # fmt: skip
-    if found is None or not all(path.is_relative_to(found.target()) for path in paths.values()):
-        return None
     warm_start.run_stage(plan)
-    return paths
+    models = {}
+    for agent in plan.multi_agent.agents:
+        model = plan.agent_configs[plan.multi_agent.owner_of(agent)].actor_rollout_ref.model
+        models[agent] = {"model": str(model.path), "tokenizer": str(model.get("tokenizer_path") or model.path)}
+    return models
 
 
 def run_all(out: Path, task: str, seeds: list[int], steps: int, eval_every: int, problems: int, samples: int,
             max_tokens: int, extra: list[str]) -> None:  # fmt: skip
     """Every step of the module docstring that has not finished yet, printing progress."""
     models = initial_models(task, extra)
-    print(f"baselines before RL ({'the warm start' if models else 'the built-in models'}) ...", flush=True)
+    print("baselines before RL (" + ", ".join(f"{a}: {m['model']}" for a, m in models.items()) + ") ...", flush=True)
     _baselines(task, out / "untrained", problems, samples, max_tokens, list(coop_baselines.PROTOCOLS), models)
     for seed in seeds:
         run_dir = out / f"seed{seed}"

@@ -48,3 +48,17 @@ def test_report_table_and_plot(tmp_path):
 def test_report_needs_the_untrained_baselines(tmp_path):
     with pytest.raises(SystemExit, match="no untrained baselines"):
         magrpo_comparison.collect(tmp_path, "coop_writing")
+
+
+def test_before_rl_evaluates_the_models_the_runs_train():
+    """'Before RL' must be the models the training starts from: with ``mgrpo_verl.model=tiny_small`` the first
+    agent is tiny_small, not coop_baselines' default tiny (a run on smollm2 was compared with tiny models before),
+    and each agent's tokenizer is its own folder (the built-in models keep it apart from the weights)."""
+    from mgrpo_verl.envs.builtin import model_paths
+
+    models = magrpo_comparison.initial_models("coop_writing", ["mgrpo_verl.model=tiny_small"])
+    small, sub = model_paths("tiny_small"), model_paths("tiny_sub")
+    assert list(models.values()) == [
+        {"model": str(small.model_dir), "tokenizer": str(small.tokenizer_dir)},
+        {"model": str(sub.model_dir), "tokenizer": str(sub.tokenizer_dir)},
+    ]
