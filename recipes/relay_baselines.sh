@@ -5,15 +5,16 @@
 # and a plot of held-out exact accuracy against step and training time in $RESULTS (default docs/results)/
 # relay_tools_baselines.{md,png}.
 #
-#   bash recipes/relay_baselines.sh                          # 5 variants x 3 seeds x 20 steps, validation every 5 (about 1 h 15 on 2 cores)
+#   bash recipes/relay_baselines.sh                          # 5 variants x 3 seeds x 20 steps, validation every 5 (31 min on 2 idle cores, 2026-12-07)
 #   SEEDS="0 1" STEPS=30 bash recipes/relay_baselines.sh --variants joint frozen
 #   SUB_REPORT_ACCURACY=0.3 RESULTS=docs/results/relay_tools_q030 bash recipes/relay_baselines.sh   # the default warm start's
 #   TASK=relay bash recipes/relay_baselines.sh               # the forced relay with random tiny models (dense score)
 #
 # Arguments: options of `python -m mgrpo_verl.experiments.baselines run`; Hydra overrides of every run: OVERRIDES="a=1 b=2".
-# relay_tools' warm start: SUB_REPORT_ACCURACY (default 0.45) is the share of the sub-agent's demonstrations that report
-# the secret. At 0.45 the frozen sub-agent is partly competent (held-out exact 0.47 greedy before RL); at the default warm
-# start's 0.3 it answers `?` greedily and a frozen sub-agent is no help at all (docs/multi_agent.md, both tables).
+# relay_tools' warm start: SUB_REPORT_ACCURACY (default 0.45) is the share of the sub-agent's demonstrations that call
+# read_secret (version 3 warm starts: that report the secret). On version 6, at 0.45 as at 0.3, the frozen sub-agent never
+# calls it greedily: held-out exact 0.125 before RL, frozen 0.125, joint 1.000 (docs/multi_agent.md, 2026-12-07; on
+# version 3, 0.45 made the frozen sub-agent partly competent: 0.49).
 # Runs are kept in $RUNS (default runs/<task>_baselines[_q<accuracy>]); finished ones are skipped when re-run.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mgrpo_verl.experiments.baselines import VARIANTS
 from mgrpo_verl.experiments.logged_run import run_streamed
 from mgrpo_verl.launcher.step_progress import read_series
 
@@ -110,6 +111,35 @@ CLAIMS: dict[str, Claim] = {
             prepare=("examples/specialists/specialists.py", "data"),
             prepared="examples/specialists/data/train.parquet",
             launch_dir="examples/specialists",  # its demonstrations file is named relative to it, as run.sh launches
+        ),
+        # recipes/relay_baselines.sh's joint and frozen variants, 10 of their 20 steps: same warm start (q = 0.45), same
+        # variant overrides (baselines.VARIANTS), RL's seed varied as the recipe varies it
+        Claim(
+            name="relay_joint",
+            what="the baselines' joint M-GRPO (relay_tools, sub-agent warm start q = 0.45), 10 of its 20 steps",
+            published_in="docs/multi_agent.md",
+            published_text="**Joint M-GRPO: 0.125 -> 1.000 at step 5 on every seed, and 1.000 at steps 10, 15 and 20 "
+                           "on every seed**",
+            overrides=("mgrpo_verl.warmstart.sub_report_accuracy=0.45", "trainer.total_training_steps=10",
+                       "trainer.test_freq=5", *VARIANTS["joint"]),
+            checks=(Check("held-out exact before RL", 0, 0.125, 0.0, 0.25),
+                    Check("held-out exact at step 10", 10, 1.0, 0.8)),
+            seed_key="data.seed",
+            minutes="about 2 with its warm start cached, 4 from an empty cache (2 idle cores, 2026-12-07)",
+        ),
+        Claim(
+            name="relay_frozen",
+            what="the baselines' frozen sub-agent (relay_tools, q = 0.45: it never calls its tool greedily), 10 of its "
+                 "20 steps",
+            published_in="docs/multi_agent.md",
+            published_text="**Frozen sub-agent: 0.125 at every validation of every seed**",
+            overrides=("mgrpo_verl.warmstart.sub_report_accuracy=0.45", "trainer.total_training_steps=10",
+                       "trainer.test_freq=5", *VARIANTS["frozen"]),
+            # guessing is 4 of 32; the band is closed at 0.3 so that a frozen sub-agent that learnt would show
+            checks=(Check("held-out exact before RL", 0, 0.125, 0.0, 0.25),
+                    Check("held-out exact at step 10", 10, 0.125, 0.0, 0.3)),
+            seed_key="data.seed",
+            minutes="about 2 with its warm start cached (2 idle cores, 2026-12-07)",
         ),
     )
 }
