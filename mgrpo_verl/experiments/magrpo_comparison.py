@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -31,6 +32,10 @@ from mgrpo_verl.experiments.logged_run import run_logged
 
 #: ``coop_task`` group of magrpo_trainer.yaml for each task of coop_baselines
 COOP_TASK = {"coop_writing": "writing", "coop_code": "code"}
+
+#: What ``run`` records of the models it starts from (agent -> model and tokenizer folders) and of its overrides,
+#: in ``DIR``: the report names the models in its table and plot.
+MODELS_FILE = "models.json"
 
 #: What each agent's checkpoint exports, so that the evaluation can load it (verl's ``save_contents``).
 SAVE_CONTENTS = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
@@ -86,6 +91,8 @@ def run_all(out: Path, task: str, seeds: list[int], steps: int, eval_every: int,
             max_tokens: int, extra: list[str]) -> None:  # fmt: skip
     """Every step of the module docstring that has not finished yet, printing progress."""
     models = initial_models(task, extra)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MODELS_FILE).write_text(json.dumps({"models": models, "overrides": extra}, indent=1) + "\n")
     print("baselines before RL (" + ", ".join(f"{a}: {m['model']}" for a, m in models.items()) + ") ...", flush=True)
     _baselines(task, out / "untrained", problems, samples, max_tokens, list(coop_baselines.PROTOCOLS), models)
     for seed in seeds:
@@ -139,7 +146,7 @@ def collect(runs: Path, task: str) -> dict[str, Any]:
     if not untrained.is_file():
         raise SystemExit(f"no untrained baselines under {runs} (run the 'run' step first)")
     result: dict[str, Any] = {"untrained": coop_baselines.summarize(_records(untrained), info_keys), "seeds": {},
-                              "train": {}}
+                              "train": {}, "models": _models_label(runs / MODELS_FILE)}
     for run_dir in sorted(runs.glob("seed*")):
         seed = int(run_dir.name[4:])
         steps = {}
@@ -162,6 +169,17 @@ def collect(runs: Path, task: str) -> dict[str, Any]:
     return result
 
 
+def _models_label(path: Path) -> str:
+    """The models a run started from, by name (their cached folders without the content hash:
+    ``smollm2-135m-instruct``, ``tiny-qwen2``), in agent order without repeats; "models not recorded" for runs
+    made before ``run`` wrote :data:`MODELS_FILE`."""
+    if not path.is_file():
+        return "models not recorded"
+    models = json.loads(path.read_text())["models"].values()
+    names = [re.sub(r"-[0-9a-f]{16}$", "", Path(m["model"]).name) for m in models]
+    return " / ".join(dict.fromkeys(names))
+
+
 def markdown(result: dict[str, Any], task: str) -> str:
     """Per protocol: the untrained agents' metrics vs the trained agents' at each seed's last step."""
     seeds = result["seeds"]
@@ -170,6 +188,7 @@ def markdown(result: dict[str, Any], task: str) -> str:
                   key=lambda k: (k != "reward", k))
     steps = sorted({max(s) for s in seeds.values() if s})
     lines = [f"### {task}: no training vs MAGRPO ({len(last)} seeds, step {'/'.join(map(str, steps)) or '-'})", "",
+             f"Models: {result['models']}.", "",
              "Mean over validation items × samples (temperature 1); trained: mean ± std over seeds.", "",
              "| protocol | agents | " + " | ".join(keys) + " |", "|---|---|" + "---:|" * len(keys)]  # fmt: skip
     for protocol in coop_baselines.PROTOCOLS:
@@ -212,7 +231,7 @@ def plot(result: dict[str, Any], task: str, path: Path) -> None:
         ax.axhline(row["reward"], color=f"C{i}", linestyle=":", linewidth=1.5, label=f"before RL, {protocol}")
     ax.set_xlabel("training step")
     ax.set_ylabel("joint reward")
-    ax.set_title(f"MAGRPO on {task} (CPU, tiny models) vs the same agents before RL")
+    ax.set_title(f"MAGRPO on {task} (CPU; {result['models']}) vs the same agents before RL", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -33,7 +33,11 @@ def test_report_table_and_plot(tmp_path):
         json.dumps({"step": 1, "data": {"agent/summary/score/mean": 0.05}}) + "\n"
         + json.dumps({"step": 2, "data": {"agent/summary/score/mean": 0.25, "other": 1}}) + "\n"
     )
+    models = {"summary": {"model": "/c/models/smollm2-135m-instruct-2c2f09d24caaf529", "tokenizer": "/c/t"},
+              "details": {"model": "/c/models/smollm2-135m-instruct-2c2f09d24caaf529", "tokenizer": "/c/t"}}
+    (runs / magrpo_comparison.MODELS_FILE).write_text(json.dumps({"models": models, "overrides": []}))
     result = magrpo_comparison.collect(runs, task)
+    assert result["models"] == "smollm2-135m-instruct"  # the hash dropped, one name for two agents
     assert result["untrained"]["parallel"]["reward"] == pytest.approx(0.2)
     assert sorted(result["seeds"]) == [0, 1] and sorted(result["seeds"][0]) == [10, 20]
     assert result["train"][0] == {1: 0.05, 2: 0.25}
@@ -41,8 +45,14 @@ def test_report_table_and_plot(tmp_path):
     # trained parallel at the last step: seeds 0.6 and 0.8 -> mean 0.7, (population) std 0.1
     assert "| parallel | before RL | 0.200 |" in table and "| parallel | MAGRPO | 0.700 ± 0.100 |" in table
     assert "| single | MAGRPO | 0.000 ± 0.000 |" in table  # only seed 0 evaluated single
+    assert "Models: smollm2-135m-instruct." in table
     assert (tmp_path / "out" / f"magrpo_{task}.png").stat().st_size > 1000
     assert (tmp_path / "out" / f"magrpo_{task}.md").read_text() == table
+
+
+def test_report_of_runs_without_a_models_record_says_so(tmp_path):
+    _records(tmp_path / "untrained" / "coop_writing_records.jsonl", {"parallel": [0.1]})
+    assert magrpo_comparison.collect(tmp_path, "coop_writing")["models"] == "models not recorded"
 
 
 def test_report_needs_the_untrained_baselines(tmp_path):
