@@ -10,6 +10,7 @@ vLLM it frees nothing on ``sleep``. The contract, batching, the ``engine_kwargs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
@@ -185,6 +186,8 @@ class HFRolloutServer:
         self.prompt_length = int(setting(self.config, "prompt_length", 512))
         self.full_determinism = bool(setting(self.config, "full_determinism", False))
         self.seed = int(setting(self.config, "seed", 0)) + int(replica_rank)
+        self._seed_step: int | None = None  # the global step _prompt_counts counts in
+        self._prompt_counts: dict[tuple[str | None, bytes], int] = {}
 
         self.engine: HFGenerationEngine | None = None
         self.max_model_len: int | None = None
@@ -380,7 +383,7 @@ class HFRolloutServer:
             max_model_len=self.max_model_len,
             default_max_tokens=default_max_tokens,
             vocab_size=engine.vocab_size,
-            default_seed=self.seed if self.full_determinism else None,
+            default_seed=self.seed if self.full_determinism else self._request_seed(prompt, lora_name),
         )
 
         extra = {"global_steps": self.global_steps}
@@ -514,6 +517,24 @@ class HFRolloutServer:
 
     async def stop_profile(self) -> None:
         """Profiling is not implemented for the HF rollout (no-op)."""
+
+    def _request_seed(self, prompt: list[int], adapter: str | None) -> int:
+        """The seed of a request that names none: a hash of the server's seed, the global step, the adapter, the
+        prompt and how many requests for the same prompt and adapter came before it in this step. vLLM draws from
+        one generator in scheduling order; so did this server, which made the samples depend on which requests
+        shared a batch, hence on timing and machine load (docs/results/reproduce.md). With this seed a step's
+        samples depend only on what was asked: the G copies of a group's prompt get G different seeds, the same
+        ones on every run, whatever order they arrive in (which copy gets which is arrival order: the group's
+        samples as a set are what reproduces). One server only: with several replicas of an agent, which
+        replica a prompt goes to still depends on load. ``full_determinism`` keeps its meaning (one seed for
+        every request, as verl's vLLM server), and a request's own ``seed`` wins over both."""
+        if self.global_steps != self._seed_step:
+            self._seed_step, self._prompt_counts = self.global_steps, {}
+        digest = hashlib.blake2b(b",".join(str(t).encode() for t in prompt), digest_size=16).digest()
+        count = self._prompt_counts.get((adapter, digest), 0)
+        self._prompt_counts[(adapter, digest)] = count + 1
+        material = f"{self.seed}|{self.global_steps}|{adapter}|{count}|".encode() + digest
+        return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little") >> 1
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps

@@ -99,6 +99,37 @@ def test_requests_arriving_during_a_batch_join_the_next_batch(server, tokenizer,
     assert sizes[-2:] == [1, 4], sizes
 
 
+def test_samples_depend_on_what_is_asked_not_on_batching(server, tokenizer, ray_local):
+    """A request without a seed is sampled from a seed of (server seed, step, prompt, how many copies of that
+    prompt came before it this step): the same step asked twice, once as one batch of 3 copies of each of two
+    prompts, once one request at a time in the other order, gives the same samples per prompt; the copies
+    differ from each other, and the next step draws new ones (its counts start afresh)."""
+    a, b = tokenizer.encode("Tell me about apples"), tokenizer.encode("Name a colour")
+
+    def ask(order, at_once):
+        outs = {"a": [], "b": []}
+        if at_once:
+            refs = [(k, gen(server, a if k == "a" else b, f"{k}{i}", temperature=1.0, max_tokens=8, ignore_eos=True))
+                    for i, k in enumerate(order)]  # fmt: skip
+            for k, ref in refs:
+                outs[k].append(tuple(ray_local.get(ref).token_ids))
+        else:
+            for i, k in enumerate(order):
+                ref = gen(server, a if k == "a" else b, f"{k}{i}", temperature=1.0, max_tokens=8, ignore_eos=True)
+                outs[k].append(tuple(ray_local.get(ref).token_ids))
+        return {k: sorted(v) for k, v in outs.items()}
+
+    ray_local.get(server.set_global_steps.remote(70))
+    batched = ask("aaabbb", at_once=True)
+    ray_local.get(server.set_global_steps.remote(71))
+    step_71 = ask("aaabbb", at_once=True)
+    ray_local.get(server.set_global_steps.remote(70))
+    one_by_one = ask("bababa", at_once=False)
+    assert batched == one_by_one
+    assert len(set(batched["a"])) == 3 and len(set(batched["b"])) == 3  # the copies of a prompt differ
+    assert step_71 != batched
+
+
 @pytest.mark.parametrize(
     ("ids", "params", "kwargs", "match"),
     [
