@@ -19,6 +19,7 @@ over seeds, and every seed's last value.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -80,7 +81,10 @@ def run(out: Path, seeds: list[int], variants: list[str], steps: int, extra: lis
         print(f"[{i}/{len(jobs)}] {variant} seed {seed}: {steps} steps, log {folder / 'log.txt'}", flush=True)
         start = time.monotonic()
         with open(folder / "log.txt", "w") as log:
-            code = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT)
+            # run.sh runs $PYTHON (default: the `python` on PATH): this interpreter, so that a venv's python need not be
+            # activated first
+            env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
+            code = subprocess.call(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         seconds = time.monotonic() - start
         if code != 0:
             sys.exit(f"{variant} seed {seed} failed (exit {code}): see {folder / 'log.txt'}")
