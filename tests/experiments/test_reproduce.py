@@ -4,6 +4,7 @@ real runs are minutes of training: docs/results/reproduce.md records them.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -73,3 +74,14 @@ def test_an_example_outside_the_package_runs_with_its_config_folder_and_its_code
     assert (rp.ROOT / claim.prepare[0]).is_file()
     # launched where its config's relative paths point (its demonstrations file), as its run.sh launches it
     assert (rp.ROOT / claim.launch_dir / "specialists.yaml").is_file()
+
+
+def test_a_claim_in_another_venv_runs_its_interpreter_only_when_named_and_says_how_to_make_it(tmp_path, monkeypatch):
+    claim = rp.CLAIMS["vllm_relay"]
+    assert rp.command(claim, 1, tmp_path)[0] == str(rp.ROOT / ".venv-vllm" / "bin" / "python")
+    assert "+preset=vllm_cpu" in rp.command(claim, 1, tmp_path)
+    assert "vllm_relay" not in rp.DEFAULT_CLAIMS and "default" in rp.DEFAULT_CLAIMS
+    monkeypatch.setattr(rp, "CLAIMS", {**rp.CLAIMS, "vllm_relay": dataclasses.replace(claim, python="no/such/python")})
+    with pytest.raises(SystemExit) as exit_info:
+        rp.main(["--claims", "vllm_relay", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and not (tmp_path / "vllm_relay").exists()  # refused before any run
