@@ -6,6 +6,9 @@
   sends them (one request per sample, token ids in, token ids + log-probs out); timed from the first
   submission to the last answer, so Ray round trips and request batching are included.
 * engine: the same batch through :class:`HFGenerationEngine` in this process (no Ray).
+* engine, seeded: the same, every request with a seed of its own, as the server now gives requests that name none
+  (``HFRolloutServer._request_seed``): a generator per row instead of one draw for the batch; printed as a ratio to
+  the engine's.
 * generate: ``model.generate`` on the same prompts, left-padded into one batch, same sampling.
 
 Every sequence is forced to exactly ``--max-tokens`` tokens (``ignore_eos`` / ``min_new_tokens``) so all
@@ -89,19 +92,19 @@ def main() -> None:
 
     engine = HFGenerationEngine(model, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
 
-    def run_engine() -> float:
+    def run_engine(seeded: bool = False) -> float:
         reqs = [
             GenerationRequest(
                 p,
                 parse_sampling_params(
-                    params,
+                    {**params, "seed": 1000 + i} if seeded else params,
                     prompt_len=len(p),
                     max_model_len=4096,
                     default_max_tokens=args.max_tokens,
                     vocab_size=engine.vocab_size,
                 ),
             )
-            for p in prompts
+            for i, p in enumerate(prompts)
         ]
         t = time.perf_counter()
         out = engine.generate_batch(reqs)
@@ -147,7 +150,9 @@ def main() -> None:
             return asyncio.run(one_round())
 
         results = {}
-        for name, fn in (("generate", run_generate), ("engine", run_engine), ("replica", run_replica)):
+        runs = (("generate", run_generate), ("engine", run_engine), ("engine_seeded", lambda: run_engine(seeded=True)),
+                ("replica", run_replica))
+        for name, fn in runs:
             fn()  # warm-up
             times = [fn() for _ in range(args.repeats)]
             results[name] = n_tokens / statistics.median(times)
@@ -159,6 +164,8 @@ def main() -> None:
     )
     print(f"  model.generate (batched, in process) : {results['generate']:9.0f} tok/s")
     print(f"  HF engine      (batched, in process) : {results['engine']:9.0f} tok/s")
+    print(f"  HF engine, a seed per request        : {results['engine_seeded']:9.0f} tok/s "
+          f"(ratio to one draw per batch {results['engine_seeded'] / results['engine']:.2f})")
     print(
         f"  HF replica     (Ray, {args.num_prompts} concurrent requests): {results['replica']:9.0f} tok/s "
         f"(batch sizes seen: {sorted(set(stats['batch_sizes']))})"
