@@ -58,6 +58,9 @@ class RowMeta:
     exactly those)."""
     aligned_from: Optional[str] = None
     """An aligned copy (trajectory alignment, D_max): ``traj_id`` of the row it copies."""
+    origin: Optional[str] = None
+    """The trajectory's identity, the same on every run (``{split}/{index}/{session}`` of its dataset row; the
+    ``traj_id`` starts with verl's ``uid``, a uuid4): the trainer orders a step's rows by it."""
 
     @property
     def is_main(self) -> bool:
@@ -101,6 +104,7 @@ class RowMeta:
                 session=None if meta.get("session") is None else int(meta["session"]),
                 sub_calls=None if meta.get("sub_calls") is None else tuple(str(t) for t in meta["sub_calls"]),
                 aligned_from=None if meta.get("aligned_from") is None else str(meta["aligned_from"]),
+                origin=None if meta.get("origin") is None else str(meta["origin"]),
             )
         except (TypeError, ValueError) as err:
             raise ValueError(f"row {row!r}: extra_fields[{ROW_META!r}] has a field of the wrong type: {err}") from None

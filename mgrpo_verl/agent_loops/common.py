@@ -10,6 +10,8 @@ privates. Nothing here is registered with verl.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import time
@@ -29,6 +31,7 @@ from verl.utils import hf_tokenizer
 from mgrpo_verl.config import setting
 from mgrpo_verl.config.schema import AgentConfig, DelegationConfig, load_multi_agent
 from mgrpo_verl.envs import relay
+from mgrpo_verl.hf_rollout import ROLLOUT_NAME as HF_ROLLOUT_NAME
 from mgrpo_verl.rowmeta import RowMeta, main_traj_id, sub_traj_id
 
 logger = logging.getLogger(__name__)
@@ -105,6 +108,69 @@ class DelegationSettings:
         """``d`` for a plan: ``min_calls + sum(plan_ids) % (max_calls - min_calls + 1)``."""
         low, high = self.delegation.min_calls, self.delegation.max_calls
         return low + sum(plan_ids) % (high - low + 1)
+
+
+def trajectory_origin(row: Mapping[str, Any]) -> Optional[str]:
+    """``{split}/{index}/{session}`` of the trajectory verl runs for the dataset ``row`` (a loop's ``kwargs``):
+    the row's ``extra_info.split`` (``-`` without one), its ``index`` (verl's dataset copies
+    ``extra_info.index`` there) and ``session_id`` (its place in its group of ``rollout.n``). The same on every run,
+    unlike verl's ``uid`` (a uuid4 per prompt); ``None`` without an ``index`` (a row that did not come through
+    verl's dataset)."""
+    if row.get("index") is None:
+        return None
+    split = (row.get("extra_info") or {}).get("split")
+    return f"{split if split is not None else '-'}/{row['index']}/{int(row.get('session_id', 0) or 0)}"
+
+
+def _seed_of(key: bytes, label: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key + b"|" + label.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class SeedStream:
+    """The seeds of one trajectory's sampled requests, in the order the trajectory makes them; a parallel branch
+    (one sub-agent call, one agent's completion at a tree node) takes a :meth:`child` of its own.
+
+    Why: vLLM draws a request that names no ``seed`` from one generator in scheduling order, and our HF server
+    seeds it by what was asked and in which order it arrived; either way, which trajectory gets which sample
+    depends on timing when prompts repeat (relay_tools' main prompt is the same for every task). A seed from the
+    trajectory's identity (:func:`trajectory_origin`, the step, the prompt, the call's place in the trajectory)
+    makes a run's samples the same on every run of the same seed. A request that names its own ``seed`` keeps it;
+    ``SeedStream(None)`` adds none (``multi_agent.trajectory_seeds: false``, or a row without an identity)."""
+
+    def __init__(self, key: Optional[bytes]):
+        self.key = key
+        self._calls = 0
+
+    def params(self, sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """``sampling_params`` with this stream's next seed (a copy), or unchanged."""
+        if self.key is None or "seed" in sampling_params:
+            return sampling_params
+        self._calls += 1
+        return {**sampling_params, "seed": _seed_of(self.key, f"call {self._calls - 1}")}
+
+    def child(self, label: str) -> SeedStream:
+        """The stream of the branch ``label`` (unique within this trajectory, the same on every run)."""
+        return SeedStream(None if self.key is None else hashlib.blake2b(self.key + b"|" + label.encode(),
+                                                                          digest_size=16).digest())
+
+
+def trajectory_seeds(loop: AgentLoopBase, row: Mapping[str, Any]) -> SeedStream:
+    """The :class:`SeedStream` of the trajectory ``loop`` runs for ``row``: keyed by ``rollout.seed``, the row's
+    ``global_steps``, :func:`trajectory_origin` and its ``raw_prompt``; off (no seeds added) when the row has no
+    origin or ``multi_agent.trajectory_seeds`` is false (or ``auto`` with a rollout other than our HF one)."""
+    origin = trajectory_origin(row)
+    if origin is None or not per_config(loop.config, _trajectory_seeds_on):
+        return SeedStream(None)
+    prompt = json.dumps(list(row.get("raw_prompt") or []), sort_keys=True, default=str)
+    material = f"{setting(loop.rollout_config, 'seed', 0)}|{row.get('global_steps', -1)}|{origin}|{prompt}"
+    return SeedStream(hashlib.blake2b(material.encode(), digest_size=16).digest())
+
+
+def _trajectory_seeds_on(config: DictConfig) -> bool:
+    choice = load_multi_agent(config).trajectory_seeds
+    if choice == "auto":
+        return setting(config, "actor_rollout_ref.rollout.name", None) == HF_ROLLOUT_NAME
+    return bool(choice)
 
 
 @dataclass(frozen=True)
@@ -344,12 +410,13 @@ def score_trajectory(
         **stats,
         **{REWARD_ERRORS: errors + sum(s[1] for s in sub_scores if s is not None)},
     )
-    main_id = main_traj_id(prefix)
-    subs = tuple(None if s is None else RowMeta(r.agent, sub_traj_id(prefix, r.agent, r.index), main_id, s[0])
+    main_id, origin = main_traj_id(prefix), trajectory_origin(row)
+    subs = tuple(None if s is None else RowMeta(r.agent, sub_traj_id(prefix, r.agent, r.index), main_id, s[0],
+                                                origin=origin)
                  for r, s in zip(reports, sub_scores, strict=True))
     main = RowMeta(settings.main, main_id, "", score, calls=calls, failed_calls=failed_calls,
                    observation_truncated=observation_truncated, session=session,
-                   sub_calls=None if sub_calls is None else tuple(sub_calls))
+                   sub_calls=None if sub_calls is None else tuple(sub_calls), origin=origin)
     return ScoredTrajectory(score, main, subs, info)
 
 

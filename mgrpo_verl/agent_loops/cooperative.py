@@ -69,6 +69,8 @@ class CooperativeLoop(AgentLoopBase):
         item = kwargs["reward_model"]["ground_truth"]
         agents = {name: common.resolve_agent(self, name, self.cooperation.response_tokens) for name in task.agents}
         prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
+        seeds = common.trajectory_seeds(self, kwargs)
+        origin = common.trajectory_origin(kwargs)
         s = self.cooperation
 
         rows: list[tuple[_Node, str, list[int], common.Generation, CoopReward]] = []
@@ -76,7 +78,7 @@ class CooperativeLoop(AgentLoopBase):
         frontier = [_Node("", -1, {a: [] for a in task.agents})]  # the task itself: the roots' parent
         leaves: list[float] = []
         while frontier:
-            expansions = await asyncio.gather(*(self._expand(task, item, agents, node, sampling_params)
+            expansions = await asyncio.gather(*(self._expand(task, item, agents, node, sampling_params, seeds)
                                                 for node in frontier))
             next_frontier = []
             for children, n_failed in expansions:
@@ -111,7 +113,7 @@ class CooperativeLoop(AgentLoopBase):
                         **gen.extra_fields,
                         NODE_META: NodeMeta(node.node_id, parent_id, node.turn).write(),
                         ROW_META: RowMeta(name, f"{prefix}/{node.node_id}/{name}", "", float(outcome.reward), calls=0,
-                                          failed_calls=failed).write(),
+                                          failed_calls=failed, origin=origin).write(),
                         "reward_extra_info": {"acc": acc, **info},
                     },
                 )
@@ -119,8 +121,9 @@ class CooperativeLoop(AgentLoopBase):
         return out
 
     async def _expand(self, task: CoopTask, item: Any, agents: dict[str, common.AgentHandle], node: _Node,
-                      sampling_params):
-        """The children of ``node``: G completions per agent, joined, scored."""
+                      sampling_params, seeds: common.SeedStream):
+        """The children of ``node``: G completions per agent (completion ``g`` of agent ``a`` seeded by the
+        branch ``{node}/{a}/{g}`` of ``seeds``), joined, scored."""
         s = self.magrpo
         prompts = {}
         for name, agent in agents.items():
@@ -131,7 +134,9 @@ class CooperativeLoop(AgentLoopBase):
             prompts[name] = normalize_token_ids(tokenized)[-agent.prompt_length :]
         calls = [(name, g) for name in agents for g in range(s.num_generations)]
         results = await asyncio.gather(
-            *(self._complete(agents[name], prompts[name], sampling_params) for name, _ in calls)
+            *(self._complete(agents[name], prompts[name],
+                             seeds.child(f"{node.node_id}/{name}/{g}").params(sampling_params))
+              for name, g in calls)
         )
         by_agent: dict[str, list[common.Generation]] = {name: [] for name in agents}
         n_failed = 0

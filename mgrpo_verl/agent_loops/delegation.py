@@ -57,6 +57,7 @@ class _MainTurns:
     messages: list[dict[str, Any]]
     request_id: str  # one per trajectory: both main generations go to the same server (prefix cache)
     response_length: int
+    seeds: common.SeedStream = field(default_factory=lambda: common.SeedStream(None))
     runtime: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -123,7 +124,8 @@ class RelayDelegationLoop(AgentLoopBase):
         sub = self._resolve_sub_agent()  # before any generation: an unknown sub-agent is a config error
         digit = str(kwargs["reward_model"]["ground_truth"])
         prefix = f"{kwargs.get('uid', uuid4().hex)}/{kwargs.get('session_id', 0)}"
-        turns = _MainTurns(list(kwargs["raw_prompt"]), uuid4().hex, self.response_length)
+        turns = _MainTurns(list(kwargs["raw_prompt"]), uuid4().hex, self.response_length,
+                           seeds=common.trajectory_seeds(self, kwargs))
         turns.runtime = await self.ct_build_initial_tokens(turns.messages)
 
         plan_text = await self._main_turn(turns, sampling_params, self.settings.delegation.plan_tokens)
@@ -132,7 +134,10 @@ class RelayDelegationLoop(AgentLoopBase):
             return await self._run_remote(turns, sub, kwargs, prefix, digit, plan_text, d, sampling_params)
         sub_prompt = self._sub_prompt(sub, self.settings.sub_messages(kwargs, plan_text))
         start = time.perf_counter()
-        calls = await asyncio.gather(*(self._call_sub(sub, sub_prompt, sampling_params) for _ in range(d)))
+        calls = await asyncio.gather(*(
+            self._call_sub(sub, sub_prompt, turns.seeds.child(f"{sub.name}/{j}").params(sampling_params))
+            for j in range(d)
+        ))
         turns.calls_seconds = time.perf_counter() - start
         texts = [
             call if isinstance(call, str) else sub.tokenizer.decode(call.token_ids, skip_special_tokens=True).strip()
@@ -208,7 +213,8 @@ class RelayDelegationLoop(AgentLoopBase):
     async def _main_turn(self, turns: _MainTurns, sampling_params: dict[str, Any], max_tokens: int) -> str:
         """One main-agent generation (at most ``max_tokens`` and the room left), appended; returns its text."""
         gen = await common.generate(
-            self.server_manager, turns.request_id, turns.runtime, sampling_params, min(max_tokens, turns.room)
+            self.server_manager, turns.request_id, turns.runtime, turns.seeds.params(sampling_params),
+            min(max_tokens, turns.room),
         )
         merged, turns.mask, turns.logprobs = await self.ct_merge_assistant_token(
             turns.runtime, gen.token_ids, turns.mask, turns.logprobs, assistant_logprobs=gen.log_probs

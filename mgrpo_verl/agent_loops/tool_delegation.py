@@ -114,12 +114,14 @@ def _fit(values: Optional[list[float]], n: int) -> list[float]:
 
 
 class _Recorder:
-    """Generates on ``client`` for one trajectory: caps new tokens at ``cap`` and the room left in
-    ``response_length`` (counted from the first prompt it sees), cuts over-long outputs, fills missing
-    log-probs with zeros and keeps every generation (for the row's server fields and final text)."""
+    """Generates on ``client`` for one trajectory: seeds each request from ``seeds``, caps new tokens at ``cap``
+    and the room left in ``response_length`` (counted from the first prompt it sees), cuts over-long outputs,
+    fills missing log-probs with zeros and keeps every generation (for the row's server fields and final text)."""
 
-    def __init__(self, client: Any, response_length: int, cap: Optional[int] = None):
+    def __init__(self, client: Any, response_length: int, cap: Optional[int] = None,
+                 seeds: Optional[common.SeedStream] = None):
         self.client = client
+        self.seeds = seeds or common.SeedStream(None)
         self.response_length = response_length
         self.cap = cap
         self.generations: list[common.Generation] = []
@@ -132,7 +134,8 @@ class _Recorder:
             self._prompt_length = len(prompt_ids)
         room = self.response_length - (len(prompt_ids) - self._prompt_length)
         max_tokens = max(1, min(room, self.cap) if self.cap else room)
-        params = {**sampling_params, common.MAX_TOKENS_KEY: max_tokens}  # a copy: vLLM's server pops keys from it
+        # a copy: vLLM's server pops keys from it
+        params = {**self.seeds.params(sampling_params), common.MAX_TOKENS_KEY: max_tokens}
         start = time.perf_counter()
         output = await self.client.generate(
             request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **kwargs
@@ -339,7 +342,7 @@ class ToolDelegationLoop(ToolAgentLoop):
             sampling_params=dict(sampling_params),
             tools_kwargs=dict(kwargs.get("tools_kwargs") or {}),
             subs=subs,
-            main=_Recorder(self._manager, self.response_length),
+            main=_Recorder(self._manager, self.response_length, seeds=common.trajectory_seeds(self, kwargs)),
         )
         rollout_token, recorder_token = _ROLLOUT.set(state), _RECORDER.set(state.main)
         try:
@@ -453,7 +456,8 @@ class ToolDelegationLoop(ToolAgentLoop):
         call = _SubCall(len(state.calls), sub.name, sum(c.agent == sub.name for c in state.calls))
         state.calls.append(call)
 
-        recorder = _Recorder(sub.client, sub.response_length, sub.response_tokens)
+        recorder = _Recorder(sub.client, sub.response_length, sub.response_tokens,
+                             seeds=state.main.seeds.child(f"{sub.name}/{call.index}"))
         context = contextvars.copy_context()
         context.run(_RECORDER.set, recorder)  # the sub loop's generations go to its own recorder
         timeout = self.settings.delegation.timeout_s

@@ -370,6 +370,15 @@ class MultiAgentConfig(BaseConfig):
     """``auto``: models on pools of their own run their old-log-prob / reference / update at the same time,
     one driver thread each; models sharing a pool update in turn. ``false``: always in turn."""
 
+    trajectory_seeds: Any = "auto"
+    """``true``: every sampled request of our agent loops carries a seed derived from its trajectory: the dataset
+    row (``extra_info.split``, ``index``, prompt), its place in its group (``session_id``), the step,
+    ``rollout.seed`` and the call's place in the trajectory (``agent_loops.common.SeedStream``); a run's samples
+    are then the same on every run of the same seeds, whatever order rollouts finish in. ``false``: the rollout
+    server's own seeding (vLLM: one generator in scheduling order). ``auto``: true with our HF rollout
+    (``rollout.name: hf``, where it costs nothing), false with vLLM / SGLang, whose GPU samplers handle seeded
+    requests one by one (vLLM 0.24 also leaves FlashInfer's sampler for them)."""
+
     agents: Dict[str, AgentConfig] = field(default_factory=dict)
     """The agents, keyed by name; after loading the main agent comes first, then the others in order."""
 
@@ -386,6 +395,9 @@ class MultiAgentConfig(BaseConfig):
             if not math.isfinite(self.gpu_memory_gb) or self.gpu_memory_gb <= 0:
                 raise ValueError(f"multi_agent.gpu_memory_gb must be null (read the GPU's memory from nvidia-smi) or "
                                  f"a number of GB > 0, got {self.gpu_memory_gb!r}")
+        if not (self.trajectory_seeds == "auto" or isinstance(self.trajectory_seeds, bool)):
+            raise ValueError(
+                f"multi_agent.trajectory_seeds must be 'auto', true or false, got {self.trajectory_seeds!r}")
         if self.concurrent_updates not in ("auto", False):
             raise ValueError(f"multi_agent.concurrent_updates must be 'auto' or false, got {self.concurrent_updates!r}")
         if self.algorithm == "magrpo":

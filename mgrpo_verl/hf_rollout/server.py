@@ -383,7 +383,8 @@ class HFRolloutServer:
             max_model_len=self.max_model_len,
             default_max_tokens=default_max_tokens,
             vocab_size=engine.vocab_size,
-            default_seed=self.seed if self.full_determinism else self._request_seed(prompt, lora_name),
+            default_seed=self.seed if self.full_determinism or "seed" in sampling_params
+            else self._request_seed(prompt, lora_name),  # a request's own seed wins: no hash, no count
         )
 
         extra = {"global_steps": self.global_steps}

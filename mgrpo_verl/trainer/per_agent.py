@@ -286,8 +286,9 @@ class MultiAgentTrainer(PPOTrainer):
         with marked_timer("gen", timing_raw, color="red"):
             batch = self._sample(metrics, sample_batch_size)
         with marked_timer("adv", timing_raw, color="brown"):
-            # 2. score and advantages: on the real rows together, written to TransferQueue; then the hook
-            table, advantage = self._compute_row_advantages(batch)
+            # 2. score and advantages: on the real rows together, in trajectory order, written to TransferQueue;
+            #    then the hook
+            batch, table, advantage = self._compute_row_advantages(batch)
             self.on_advantages(table, batch)  # decoupled main side: publish its records
             # 3. align: every sub-agent to D_max rows per main rollout; each model's update set
             alignment, updates = self._plan_updates(table, advantage)
@@ -308,15 +309,16 @@ class MultiAgentTrainer(PPOTrainer):
         self.on_sample_end()
         return batch
 
-    def _compute_row_advantages(self, batch: KVBatchMeta) -> tuple[RowTable, np.ndarray]:
-        """The row table of ``batch`` (its real rows) and their advantages (``multi_agent.algorithm``), written
-        back as ``rm_scores`` (each row's own score), ``advantages`` and ``returns``."""
+    def _compute_row_advantages(self, batch: KVBatchMeta) -> tuple[KVBatchMeta, RowTable, np.ndarray]:
+        """``batch`` in trajectory order (the same on every run, whatever order rollouts finished in), the row table
+        of its real rows and their advantages (``multi_agent.algorithm``), written back as ``rm_scores`` (each
+        row's own score), ``advantages`` and ``returns``."""
         ma = self.multi_agent
-        table = read_row_table(batch)
+        batch, table = read_row_table(batch)
         advantage = scalar_advantages(table, ma.algorithm, ma.magrpo if ma.algorithm == "magrpo" else ma.mgrpo)
         write_row_values(list(batch.keys), batch.partition_id,
                          {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
-        return table, advantage
+        return batch, table, advantage
 
     def on_advantages(self, table: RowTable, batch: KVBatchMeta) -> None:
         """Called once the step's advantages are computed and written, before any model trains."""

@@ -95,6 +95,24 @@ def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -
     return RowTable(**table, score=score, parent_row=parent_row, nodes=nodes)
 
 
+def trajectory_order(keys: list[str], extra_fields: list[Any]) -> np.ndarray:
+    """(N,) int64 permutation putting a step's rows in trajectory order: by their trajectory's
+    :attr:`~mgrpo_verl.rowmeta.RowMeta.origin` (the same on every run), then by their place among its outputs (the
+    last field of the key ``{uid}_{session}_{index}``). Rows without an origin come last, in the order given.
+
+    Why: verl's replay buffer hands a step's rows over in the order their rollouts finished, which depends on
+    timing and machine load; which rows share an update's mini-batch (and the alignment's draws) follow row order,
+    so two runs of one seed, with the same samples, would still train on different mini-batches."""
+    def place(i: int) -> tuple:
+        origin = RowMeta.read(extra_fields[i], keys[i]).origin
+        index = keys[i].rsplit("_", 1)[-1]
+        if origin is None or not index.isdigit():
+            return (1, "", i)
+        return (0, origin, int(index))
+
+    return np.array(sorted(range(len(keys)), key=place), dtype=np.int64)
+
+
 def decoupled_sub_table(sub_rows: list[Any], mains: Mapping[str, Mapping[str, Any]]) -> RowTable:
     """The :class:`RowTable` a sub side of decoupled M-GRPO trains from: the synchronous table of the same
     rollouts, rebuilt from what crossed the store.
@@ -316,12 +334,16 @@ def row_metrics(table: RowTable, advantage: np.ndarray, tags: list[dict], alignm
 # ----------------------------------------------------------------------------------- TransferQueue I/O
 
 
-def read_row_table(batch) -> RowTable:
-    """:class:`RowTable` of a sampled ``KVBatchMeta`` (one TransferQueue read)."""
+def read_row_table(batch):
+    """A sampled ``KVBatchMeta`` in trajectory order (:func:`trajectory_order`: its keys and tags reordered) and
+    the :class:`RowTable` of its rows in that order (one TransferQueue read)."""
     import transfer_queue as tq
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
-    return build_row_table(list(batch.keys), as_list(data["uid"]), as_list(data["extra_fields"]))
+    uids, extra_fields = as_list(data["uid"]), as_list(data["extra_fields"])
+    order = trajectory_order(list(batch.keys), extra_fields).tolist()
+    batch = dataclasses.replace(batch, keys=[batch.keys[i] for i in order], tags=[batch.tags[i] for i in order])
+    return batch, build_row_table(list(batch.keys), [uids[i] for i in order], [extra_fields[i] for i in order])
 
 
 def as_list(values) -> list:

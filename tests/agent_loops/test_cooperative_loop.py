@@ -171,3 +171,36 @@ def test_the_coding_task_scores_deeply_nested_code_instead_of_raising(tokenizer)
     main_text = "def has_close_elements(numbers, threshold):\n    return aux(numbers, threshold)\n"
     outcome = task.reward("HumanEval/0", {"helper": deep, "main": main_text})
     assert outcome.reward == 0.25 and outcome.info["syntax"] == 0.0
+
+
+def test_trajectory_seeds_one_per_agent_and_completion(tokenizer, toy):
+    """``multi_agent.trajectory_seeds``: each of the G completions of each agent at a node carries its own seed,
+    the same on every run of the row (by agent and completion index, whatever order they reach the servers)."""
+    cfg = config(G=2, turns=2)
+    cfg.multi_agent.trajectory_seeds = True
+
+    def seeds():
+        seen: dict[str, list[int]] = {"a": [], "b": []}
+
+        class Recording(Server):
+            async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+                seen[self.name].append(sampling_params["seed"])
+                return await super().generate(request_id, prompt_ids, sampling_params, **kwargs)
+
+        servers = {}
+        for name in "ab":
+            servers[name] = Recording(tokenizer, ["1"] * 6)
+            servers[name].name = name
+
+        async def go():
+            loop = build_agent_loop(AGENT_LOOP_NAME, cfg, Manager(servers), tokenizer)
+            return await loop.run(dict(SAMPLING), data_source="toy", reward_model={"ground_truth": "7"}, uid="u",
+                                  session_id=0, index=4, extra_info={"split": "train", "index": 4}, global_steps=2)
+
+        asyncio.run(go())
+        return seen
+
+    first = seeds()
+    assert [len(first[a]) for a in "ab"] == [6, 6]  # 2 roots + 2 x 2 children, per agent
+    assert len(set(first["a"] + first["b"])) == 12
+    assert seeds() == first

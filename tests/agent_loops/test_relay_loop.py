@@ -475,3 +475,24 @@ def test_sub_prompt_hook_without_a_question_delegates_the_plan(tokenizer):
                      sub_prompt="mgrpo_verl.envs.research.prompts:sub_messages")  # fmt: skip
     _run(main, tokenizer, config)
     assert sub.calls[0]["prompt_ids"] == _chat_ids(tokenizer, prompts.sub_messages("sub", "76"))[-64:]
+
+
+def test_trajectory_seeds_per_main_turn_and_per_sub_call(tokenizer):
+    """``multi_agent.trajectory_seeds``: the two main turns and each of the three calls carry seeds of their own,
+    the same on a second run of the same row, others for another session of its group."""
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    plan_ids = _ids(tokenizer, "76") + [im_end]  # d = 3 (test_three_calls_rows_routing_tokens_and_fields)
+
+    def seeds(session):
+        sub = FakeAgent([(_ids(tokenizer, "4"), None)] * 3)
+        main = FakeManager([(plan_ids, None), (_ids(tokenizer, "4"), None)], sub)
+        cfg = _config(plan_tokens=4, answer_tokens=3, sub_response_tokens=5)
+        cfg.multi_agent.trajectory_seeds = True
+        _run(main, tokenizer, cfg, index=0, extra_info={"split": "train", "index": 0}, global_steps=1,
+             session_id=session)
+        return [c["params"]["seed"] for c in main.calls], sorted(c["params"]["seed"] for c in sub.calls)
+
+    main, sub = seeds(0)
+    assert len(set(main + sub)) == 5
+    assert seeds(0) == (main, sub)
+    assert not set(seeds(1)[0] + seeds(1)[1]) & set(main + sub)

@@ -657,3 +657,88 @@ def test_from_verls_dataset_row_to_rows(tokenizer, tmp_path):
     rows = run(main, tokenizer, main_config(), digit="unused", **row)
     assert f"The secret digit is {digit}." in sub.calls[1]["prompt"]
     assert [meta(r)["score"] for r in rows] == [0.125, 0.125]
+
+
+# ----------------------------------------------------------------------------------------------------
+# trajectory seeds (multi_agent.trajectory_seeds)
+
+
+def seeded_config(choice=True, rollout_name=None):
+    cfg = main_config(timeout_s=5)
+    cfg.multi_agent.trajectory_seeds = choice
+    if rollout_name is not None:
+        cfg.actor_rollout_ref.rollout.name = rollout_name
+    return cfg
+
+
+def seeds_of_a_rollout(tokenizer, cfg, first_task="A", **row):
+    """Seeds the main agent's two requests and the two sub calls' requests carried, by task: the main agent asks
+    ``first_task`` then the other of A / B in one turn; call A's first generation waits until call B has
+    answered, so B's requests reach the server first."""
+    b_done = asyncio.Event()
+
+    def first(text):
+        async def wait():
+            await b_done.wait()
+            return text
+        return wait
+
+    def respond(prompt):
+        found = re.findall(r"The secret digit is (\d)\.", prompt)
+        if "Task: A" in prompt and not found:
+            return first(READ_SECRET)
+        if "Task: B" in prompt and found:
+            b_done.set()
+        return READ_SECRET if not found else found[-1] + END
+
+    sub = FakeAgent(tokenizer, respond=respond, config=sub_config())
+    other = "B" if first_task == "A" else "A"
+    main = FakeManager(tokenizer, [ask(first_task) + ask(other) + END, "4" + END], {"sub": sub})
+    row = {"index": 5, "extra_info": {"split": "train", "index": 5}, "global_steps": 3, **row}
+    run(main, tokenizer, cfg, **row)
+    by_task = {task: [c["params"].get("seed") for c in sub.calls if f"Task: {task}" in c["prompt"]] for task in "AB"}
+    return [c["params"].get("seed") for c in main.calls], by_task
+
+
+def test_trajectory_seeds_follow_the_trajectory_not_the_arrival_order(tokenizer):
+    main, subs = seeds_of_a_rollout(tokenizer, seeded_config())
+    seeds = main + subs["A"] + subs["B"]
+    assert len(seeds) == 6 and all(isinstance(s, int) and 0 <= s < 2**63 for s in seeds)
+    assert len(set(seeds)) == 6  # every request of the trajectory its own seed
+    # the same row again, in a fresh loop: the same seeds, request by request
+    assert seeds_of_a_rollout(tokenizer, seeded_config()) == (main, subs)
+    # the main agent asks B first: the calls swap places (call 0 is now B), their seeds swap with them
+    main2, subs2 = seeds_of_a_rollout(tokenizer, seeded_config(), first_task="B")
+    assert main2[0] == main[0] and (subs2["B"], subs2["A"]) == (subs["A"], subs["B"])
+
+
+@pytest.mark.parametrize("change", [{"session_id": 3}, {"index": 6}, {"global_steps": 4},
+                                    {"extra_info": {"split": "val", "index": 5}},
+                                    {"raw_prompt": relay.tool_main_messages("helper")}])
+def test_trajectory_seeds_differ_when_the_identity_differs(tokenizer, change):
+    base = seeds_of_a_rollout(tokenizer, seeded_config())
+    other = seeds_of_a_rollout(tokenizer, seeded_config(), **change)
+    assert not set(base[0]) & set(other[0])
+
+
+def test_trajectory_seeds_off_auto_and_a_requests_own_seed(tokenizer):
+    assert seeds_of_a_rollout(tokenizer, seeded_config(False)) == ([None, None], {"A": [None, None], "B": [None, None]})
+    assert seeds_of_a_rollout(tokenizer, seeded_config("auto", "vllm"))[0] == [None, None]
+    assert None not in seeds_of_a_rollout(tokenizer, seeded_config("auto", "hf"))[0]
+    # no index (a row that did not come through verl's dataset): nothing to key on, no seed added
+    sub = FakeAgent(tokenizer, respond=secret_sub(), config=sub_config())
+    main = FakeManager(tokenizer, [ask("A") + END, "4" + END], {"sub": sub})
+    run(main, tokenizer, seeded_config())
+    assert [c["params"].get("seed") for c in main.calls + sub.calls] == [None] * 4
+
+    async def own_seed():
+        sub = FakeAgent(tokenizer, respond=secret_sub(), config=sub_config())
+        main = FakeManager(tokenizer, [ask("A") + END, "4" + END], {"sub": sub})
+        loop = build(main, tokenizer, seeded_config())
+        await loop.run({**SAMPLING, "seed": 11}, raw_prompt=relay.tool_main_messages(), uid="u1", session_id=0,
+                       reward_model={"ground_truth": DIGIT}, tools_kwargs=relay.secret_tools_kwargs(DIGIT), index=1)
+        return [c["params"]["seed"] for c in main.calls + sub.calls]
+
+    assert asyncio.run(own_seed()) == [11] * 4
+    with pytest.raises(InstantiationException, match="multi_agent.trajectory_seeds"):
+        seeds_of_a_rollout(tokenizer, seeded_config("yes"))

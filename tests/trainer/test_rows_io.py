@@ -46,6 +46,7 @@ from mgrpo_verl.trainer.rows import (  # noqa: E402
     copy_keys,
     plan_update_sets,
     read_row_table,
+    trajectory_order,
     scalar_advantages,
     write_copies,
     write_row_values,
@@ -114,7 +115,7 @@ def test_fake_refuses_what_the_real_client_refuses(step):
 
 def test_read_row_table(step):
     _, batch = step
-    table = read_row_table(batch)
+    batch, table = read_row_table(batch)
     assert list(table.keys) == KEYS and list(table.agent) == ["main", "sub", "main", "main", "main"]
     assert list(table.uid) == ["q0", "q0", "q0", "q1", "q1"]
     np.testing.assert_array_equal(table.parent_row, [-1, 0, -1, -1, -1])  # s0's parent m0 is row 0
@@ -124,7 +125,7 @@ def test_read_row_table(step):
 
 def test_write_row_values_and_copies(step):
     store, batch = step
-    table = read_row_table(batch)
+    batch, table = read_row_table(batch)
     advantage = scalar_advantages(table, "mgrpo", MGRPOConfig(norm_adv_by_std=False))
     assert np.allclose(advantage, [0.5, 0.75, -0.5, 0.25, -0.25])  # module docstring
 
@@ -171,7 +172,7 @@ def test_write_row_values_and_copies(step):
 
 def test_write_copies_without_copies_touches_nothing(step):
     store, batch = step
-    table = read_row_table(batch)
+    batch, table = read_row_table(batch)
     advantage = np.zeros(len(table))
     updates = plan_update_sets(table, None, advantage, {"main": "main", "sub": "sub"})
     before = set(store.rows)
@@ -190,7 +191,7 @@ def test_both_copy_paths_zero_the_same_fields_of_a_padding_row(step):
     from mgrpo_verl.testing import make_batch
 
     store, batch = step
-    table = read_row_table(batch)
+    batch, table = read_row_table(batch)
     advantage = scalar_advantages(table, "mgrpo", MGRPOConfig(norm_adv_by_std=False))
     write_row_values(KEYS, PARTITION, {"rm_scores": table.score, "advantages": advantage, "returns": advantage})
     alignment = plan_resolved_alignment(table.parent_row, table.agent, table.uid, 1, seed=0)
@@ -221,3 +222,44 @@ def test_both_copy_paths_zero_the_same_fields_of_a_padding_row(step):
     assert dp_zeroed == set(PADDING_ZEROED) & set(out.batch.keys())
     assert dp_zeroed == tq_zeroed | {"token_level_rewards", "token_level_scores"}
     assert out.batch["responses"][pad_rows].all()  # the tokens are kept
+
+
+ORIGINS = {"q0_0_0": "train/1/0", "q0_0_1": "train/1/0", "q0_1_0": "train/1/1", "q1_0_0": "train/0/0",
+           "q1_1_0": "train/0/1"}  # q1 is dataset row 0, q0 row 1; the second field of a key is the session
+
+
+def test_read_row_table_puts_rows_in_trajectory_order_whatever_order_they_finished_in(monkeypatch):
+    """The replay buffer hands rows over as rollouts finish; ``read_row_table`` orders them by origin (dataset row,
+    session), then by place in the trajectory: q1's two sessions (row 0), then q0's session 0 (m0 before its
+    sub row s0: outputs 0 and 1), then q0's session 1."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    store = fake_tq.install(monkeypatch)
+    finished = ["q1_1_0", "q0_0_1", "q1_0_0", "q0_1_0", "q0_0_0"]
+    fields, tags = [], []
+    for key in finished:
+        uid, agent, traj, parent, score, mask, rm = ROWS[KEYS.index(key)]
+        ids = torch.arange(3 + len(mask))
+        fields.append({"input_ids": ids, "response_mask": torch.tensor(mask), "uid": uid, "extra_fields": {
+            ROW_META: {"agent": agent, "traj_id": traj, "parent_traj_id": parent, "score": score,
+                       "origin": ORIGINS[key]}}})
+        tags.append({"key": key})
+    store.kv_batch_put(keys=finished, partition_id=PARTITION, fields=list_of_dict_to_tensordict(fields), tags=tags)
+
+    batch, table = read_row_table(KVBatchMeta(partition_id=PARTITION, keys=list(finished), tags=tags))
+    assert batch.keys == ["q1_0_0", "q1_1_0", "q0_0_0", "q0_0_1", "q0_1_0"]
+    assert [t["key"] for t in batch.tags] == batch.keys
+    assert list(table.keys) == batch.keys and list(table.traj_id) == ["n0", "n1", "m0", "s0", "m1"]
+    np.testing.assert_array_equal(table.parent_row, [-1, -1, -1, 2, -1])  # s0 -> m0, now row 2
+    assert np.allclose(table.score, [0.75, 0.25, 1.0, 0.5, 0.0])
+
+
+def test_trajectory_order_keeps_rows_without_an_origin_last_in_their_order():
+    def extra(origin=None):
+        meta = {"agent": "main", "traj_id": "t", "parent_traj_id": "", "score": 0.0}
+        return {ROW_META: meta if origin is None else {**meta, "origin": origin}}
+
+    keys = ["a_0_0", "b_0_0", "c_0_1", "d_0_0", "c_0_0"]
+    extras = [extra(), extra("val/3/0"), extra("train/10/0"), extra(), extra("train/10/0")]
+    # "train/10/0" < "val/3/0" as strings; within train/10/0 output 0 before output 1; then a, d as given
+    np.testing.assert_array_equal(trajectory_order(keys, extras), [4, 2, 1, 0, 3])
