@@ -1,20 +1,23 @@
 """Rerun a short version of a headline result and compare it with the published figure, within its stated tolerance.
 
     python -m mgrpo_verl.experiments.reproduce --list
-    python -m mgrpo_verl.experiments.reproduce [--claims default] [--seeds 0 1 2] [--out runs/reproduce]
+    python -m mgrpo_verl.experiments.reproduce [--claims default] [--seeds 0 1 2] [--twice] [--out runs/reproduce]
 
 Each :class:`Claim` names where its figure is published (a file of this repository and the exact text there, which
 ``tests/experiments/test_reproduce.py`` checks is still in that file, so the two cannot drift apart), the command
 that reproduces it in short (``python -m mgrpo_verl.main_ppo`` with overrides), and the checks: a held-out
 metric at a step, with the band a rerun must fall in. Every run is reported, never the best one: the claim holds
 only when every run passes every check. Progress (verl's steps, the warm start) is shown as the run prints it; the
-whole log goes to ``<out>/<claim>/seed<K>/log.txt``; the table to ``<out>/reproduce.md`` and ``.json``.
+whole log goes to ``<out>/<claim>/seed<K>/log.txt``; the table to ``<out>/reproduce.md`` and ``.json``. With
+``--twice`` each seed runs a second time (``seed<K>_again``) and the two must train identically
+(:func:`first_difference`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -170,6 +173,36 @@ CLAIMS: dict[str, Claim] = {
 DEFAULT_CLAIMS = [name for name, claim in CLAIMS.items() if claim.python is None]
 
 
+#: Metrics that measure the machine (time, memory) or the rollout server's float rounding (its log-probabilities
+#: against the actor's: which requests share a batch changes the last bits), which differ between runs of one seed.
+NOT_REPRODUCIBLE = ("timing_s/", "timing_per_token_ms/", "perf/", "rollout_probs_diff", "rollout_actor_probs_pearson")
+
+
+def first_difference(a: Path, b: Path) -> dict[str, Any] | None:
+    """The first logged metric (by step, then name) on which two runs' ``metrics.jsonl`` differ, or ``None``: every
+    metric but :data:`NOT_REPRODUCIBLE` ones must be logged by both at the same steps, numbers equal to 1e-9 (relative;
+    the validation means are sums over rows in finish order). Returns ``{"step", "metric", "a", "b"}``, and
+    ``compared`` (metrics compared) when there is no difference."""
+    runs = []
+    for path in (a, b):
+        if not path.is_file():
+            return {"step": None, "metric": f"({path} missing)", "a": None, "b": None}
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        runs.append({r["step"]: r["data"] for r in records})
+    compared = 0
+    for step in sorted(set(runs[0]) | set(runs[1])):
+        x, y = runs[0].get(step, {}), runs[1].get(step, {})
+        for name in sorted(set(x) | set(y)):
+            if any(part in name for part in NOT_REPRODUCIBLE):
+                continue
+            u, v = x.get(name), y.get(name)
+            numbers = all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in (u, v))
+            if not (math.isclose(u, v, rel_tol=1e-9, abs_tol=1e-12) if numbers else u == v):
+                return {"step": step, "metric": name, "a": u, "b": v}
+            compared += 1
+    return None if compared else {"step": None, "metric": "(no metrics logged)", "a": None, "b": None}
+
+
 def judge(claim: Claim, series: dict[int, float]) -> list[dict[str, Any]]:
     """Each check of ``claim`` against one run's series: measured value (None if the step was not validated) and
     whether it lies in the band."""
@@ -224,8 +257,10 @@ def run_one(claim: Claim, seed: int, run_dir: Path) -> dict[str, Any]:
 
 
 def verdict(runs: list[dict[str, Any]]) -> bool:
-    """A claim reproduces when every run exited 0 and passed every check."""
-    return bool(runs) and all(r["exit_code"] == 0 and all(c["ok"] for c in r["checks"]) for r in runs)
+    """A claim reproduces when every run exited 0 and passed every check, and (``--twice``) its second run trained
+    identically."""
+    return bool(runs) and all(r["exit_code"] == 0 and all(c["ok"] for c in r["checks"])
+                              and r.get("again", {}).get("identical", True) for r in runs)
 
 
 def _f(value: float | None) -> str:
@@ -244,6 +279,14 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
                              f"| {_f(c['measured'])} | {'yes' if c['ok'] else '**no**'} |")
     lines.append("")
     for name, res in results.items():
+        for run in res["runs"]:
+            again = run.get("again")
+            if again is None:
+                continue
+            d = again["difference"]
+            lines.append(f"- {name} {res['seed_key']}={run['seed']} run twice (exit {again['exit_code']}, "
+                         f"{again['seconds']:.0f} s): " + ("**identical training**" if again["identical"] else
+                         f"**differs** first at step {d['step']}, `{d['metric']}`: {d['a']!r} vs {d['b']!r}"))
         lines.append(f"- **{name}**: {'reproduces' if res['reproduces'] else 'does NOT reproduce'} "
                      f"({len(res['runs'])} run(s); published in `{res['published_in']}`: \"{res['published_text']}\")")
     return "\n".join(lines) + "\n"
@@ -256,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"which ({', '.join(CLAIMS)}; by default {', '.join(DEFAULT_CLAIMS)})")
     parser.add_argument("--seeds", nargs="+", type=int, default=None,
                         help="values of each claim's seed key, one run each (default: the claim's own)")
+    parser.add_argument("--twice", action="store_true",
+                        help="run each seed a second time; the two runs must train identically (every metric but "
+                             "time, memory and the server's log-prob rounding equal at every step)")
     parser.add_argument("--out", default="runs/reproduce", help="runs, logs and the report (default runs/reproduce)")
     parser.add_argument("--list", action="store_true", help="print the claims and exit")
     args = parser.parse_args(argv)
@@ -286,6 +332,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = []
         for seed in seeds:
             runs.append(run_one(claim, seed, out / name / f"seed{seed}"))
+            if args.twice:
+                again = run_one(claim, seed, out / name / f"seed{seed}_again")
+                difference = first_difference(out / name / f"seed{seed}" / "metrics.jsonl",
+                                              out / name / f"seed{seed}_again" / "metrics.jsonl")
+                runs[-1]["again"] = {"exit_code": again["exit_code"], "seconds": again["seconds"],
+                                     "identical": again["exit_code"] == 0 and difference is None,
+                                     "difference": difference}
             results[name] = {"published_in": claim.published_in, "published_text": claim.published_text,
                              "seed_key": claim.seed_key, "runs": runs, "reproduces": verdict(runs)}
             (out / "reproduce.json").write_text(json.dumps(results, indent=1))  # after every run: a cut run keeps it

@@ -241,6 +241,7 @@ def build_rows(
             "uid": str(fields["uid"][i]),
             "traj_id": meta.traj_id,
             "parent_traj_id": meta.parent_traj_id,
+            "origin": meta.origin,  # "{split}/{index}/{session}": the same trajectory in another run's dump
             "agent": meta.agent,
             "score": _finite(meta.score),
             "advantage": None if advantage is None else _finite(advantage[i]),

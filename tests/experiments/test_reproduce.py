@@ -5,6 +5,7 @@ real runs are minutes of training: docs/results/reproduce.md records them.)"""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -85,3 +86,33 @@ def test_a_claim_in_another_venv_runs_its_interpreter_only_when_named_and_says_h
     with pytest.raises(SystemExit) as exit_info:
         rp.main(["--claims", "vllm_relay", "--out", str(tmp_path)])
     assert exit_info.value.code == 2 and not (tmp_path / "vllm_relay").exists()  # refused before any run
+
+
+def _metrics(path, steps):
+    path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in steps.items()))
+    return path
+
+
+def test_twice_means_every_metric_but_the_machine_s_equal_at_every_step(tmp_path):
+    base = {0: {"val-core/acc": 0.16875}, 1: {"agent/main/score/mean": 0.30078125, "actor/grad_norm": 0.612,
+                                              "timing_s/step": 4.4, "perf/throughput": 90.0,
+                                              "agent/main/actor/perf/cpu_memory_used_gb": 2.1,
+                                              "agent/main/training/rollout_probs_diff_max": 1.3e-6}}
+    a = _metrics(tmp_path / "a.jsonl", base)
+    # time, memory and the server's log-prob rounding may differ; a validation mean summed in another order too
+    other = {0: {"val-core/acc": 0.16874999999999998},
+             1: {**base[1], "timing_s/step": 7.4, "perf/throughput": 50.0,
+                 "agent/main/actor/perf/cpu_memory_used_gb": 2.3, "agent/main/training/rollout_probs_diff_max": 1.4e-6}}
+    assert rp.first_difference(a, _metrics(tmp_path / "b.jsonl", other)) is None
+    # a reward that differs in the 4th decimal, a metric only one run logged, a step only one run reached
+    worse = {0: base[0], 1: {**base[1], "agent/main/score/mean": 0.3008}}
+    assert rp.first_difference(a, _metrics(tmp_path / "c.jsonl", worse)) == {
+        "step": 1, "metric": "agent/main/score/mean", "a": 0.30078125, "b": 0.3008}
+    assert rp.first_difference(a, _metrics(tmp_path / "d.jsonl", {0: base[0], 1: {**base[1], "x": 1}}))["metric"] == "x"
+    longer = _metrics(tmp_path / "e.jsonl", {**base, 2: {"agent/main/score/mean": 0.4}})
+    assert rp.first_difference(a, longer)["step"] == 2
+    assert "missing" in rp.first_difference(a, tmp_path / "none.jsonl")["metric"]
+    # the verdict: a claim whose second run differs does not reproduce
+    good = rp.judge(rp.CLAIMS["default"], {0: 0.125, 10: 1.0})
+    assert rp.verdict([{"exit_code": 0, "checks": good, "again": {"identical": True}}])
+    assert not rp.verdict([{"exit_code": 0, "checks": good, "again": {"identical": False}}])
