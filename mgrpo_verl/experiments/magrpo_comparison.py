@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from mgrpo_verl.experiments import coop_baselines
 from mgrpo_verl.experiments.logged_run import run_logged
+from mgrpo_verl.models.tiny import cached_name
 
 #: ``coop_task`` group of magrpo_trainer.yaml for each task of coop_baselines
 COOP_TASK = {"coop_writing": "writing", "coop_code": "code"}
@@ -170,14 +170,15 @@ def collect(runs: Path, task: str) -> dict[str, Any]:
 
 
 def _models_label(path: Path) -> str:
-    """The models a run started from, by name (their cached folders without the content hash:
-    ``smollm2-135m-instruct``, ``tiny-qwen2``), in agent order without repeats; "models not recorded" for runs
-    made before ``run`` wrote :data:`MODELS_FILE`."""
+    """The models a run started from, by name (``cached_name``: ``smollm2-135m-instruct``, ``tiny-qwen2``), in agent
+    order without repeats, and the run's extra overrides when it had any; "models not recorded" for runs made before
+    ``run`` wrote :data:`MODELS_FILE`."""
     if not path.is_file():
         return "models not recorded"
-    models = json.loads(path.read_text())["models"].values()
-    names = [re.sub(r"-[0-9a-f]{16}$", "", Path(m["model"]).name) for m in models]
-    return " / ".join(dict.fromkeys(names))
+    record = json.loads(path.read_text())
+    label = " / ".join(dict.fromkeys(cached_name(m["model"]) for m in record["models"].values()))
+    overrides = record.get("overrides") or []
+    return label + (f" (overrides: {' '.join(f'`{o}`' for o in overrides)})" if overrides else "")
 
 
 def markdown(result: dict[str, Any], task: str) -> str:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -104,9 +105,19 @@ def cache_root() -> Path:
     return base / "mgrpo_verl"
 
 
+#: Hex digits of a :func:`content_key`; a cached build's folder is ``{name}-{content_key}``.
+KEY_CHARS = 16
+
+
 def content_key(payload: dict[str, Any]) -> str:
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return hashlib.sha256(blob).hexdigest()[:KEY_CHARS]
+
+
+def cached_name(path: str | Path) -> str:
+    """The name of a cached build's folder without its content key (``tiny-qwen2-<key>`` -> ``tiny-qwen2``); any
+    other folder's own name."""
+    return re.sub(rf"-[0-9a-f]{{{KEY_CHARS}}}$", "", Path(path).name)
 
 
 @contextlib.contextmanager

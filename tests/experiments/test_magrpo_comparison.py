@@ -53,6 +53,13 @@ def test_report_table_and_plot(tmp_path):
 def test_report_of_runs_without_a_models_record_says_so(tmp_path):
     _records(tmp_path / "untrained" / "coop_writing_records.jsonl", {"parallel": [0.1]})
     assert magrpo_comparison.collect(tmp_path, "coop_writing")["models"] == "models not recorded"
+    # a run with extra overrides says so; a warm start's folders (no content key) keep their names
+    models = {"a": {"model": "/c/warmstart/writing-0123456789abcdef/a", "tokenizer": "/t"},
+              "b": {"model": "/c/models/tiny-qwen2-0123456789abcdef", "tokenizer": "/t"}}
+    (tmp_path / magrpo_comparison.MODELS_FILE).write_text(
+        json.dumps({"models": models, "overrides": ["trainer.total_training_steps=5", "data.seed=2"]}))
+    assert magrpo_comparison.collect(tmp_path, "coop_writing")["models"] == (
+        "a / tiny-qwen2 (overrides: `trainer.total_training_steps=5` `data.seed=2`)")
 
 
 def test_report_needs_the_untrained_baselines(tmp_path):
