@@ -1,7 +1,7 @@
 """End to end on CPU: ``python -m mgrpo_verl.main_ppo`` (its default config) trains two models.
 
 Two tiny random Qwen2 of different sizes (main: 2 layers, width 64; sub: 1 layer, width 32) on the relay task, each
-with its own FSDP2 actor, its own Hugging Face rollout server and its own weight sync. Four runs (each pays ~60-90 s
+with its own FSDP2 actor, its own Hugging Face rollout server and its own weight sync. Five runs (each pays ~60-90 s
 of start-up), two of them shared with other test files (session fixtures of conftest.py):
 
 1. joint M-GRPO, 2 steps, validation before training and after step 2, a checkpoint per step (``two_agent_job``:
@@ -11,6 +11,7 @@ of start-up), two of them shared with other test files (session fixtures of conf
 3. frozen sub-agent, 1 step: the main model updates, the sub model never does (``frozen_sub_on_one_gpu``: the two
    models share one logical GPU; test_one_gpu_e2e.py checks that side);
 4. single-agent baseline (``share_model_with: main``, GRPO), 1 step: one model plays both roles.
+5. run 1's command again on this machine's own Ray: it must train identically (trajectory seeds, trajectory order).
 
 The relay task's own reward is zero for nearly every answer of a random model; the runs use a dense test
 scorer (vowel share) so that step 1 already has non-zero advantages for both agents.
@@ -76,6 +77,33 @@ def test_two_models_train_and_checkpoint(two_agent_job):
     sizes = {a: json.loads((Path(manifest[a]["model"]) / "config.json").read_text()) for a in ("main", "sub")}
     assert (sizes["main"]["num_hidden_layers"], sizes["sub"]["num_hidden_layers"]) == (2, 1)
     assert (sizes["main"]["hidden_size"], sizes["sub"]["hidden_size"]) == (64, 32)
+
+
+def test_the_same_command_trains_identically_on_another_layout(two_agent_job):
+    """Reproducibility (multi_agent.trajectory_seeds, auto: on with the HF rollout; rows in trajectory order): the
+    command of ``two_agent_job`` again, on this machine's own Ray instead of the two-node cluster (other processes,
+    other timing, other arrival order at the servers), trains the same: every logged metric but time, memory and the
+    servers' log-prob rounding equal at every step (``reproduce.first_difference``), and both servers hold weights of
+    the same fingerprint after every sync. Before trajectory seeds two runs of one command differed from step 1."""
+    from e2e import reaped
+
+    from mgrpo_verl.experiments.reproduce import first_difference
+
+    first, main_ppo = two_agent_job.run, two_agent_job.main_ppo
+    assert first.returncode == 0, first.log[-6000:]
+    proc = main_ppo.start(
+        "again", "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=2", *TWO_MODELS,
+        f"multi_agent.delegation.scorer={two_agent_job.scorer}", config=MGRPO_CONFIG,
+        checkpoints=main_ppo.root / "ckpt_again",
+    )
+    with reaped(proc):
+        again = proc.result(900)
+    assert again.returncode == 0, again.log[-6000:]
+    assert again.steps() == first.steps() == [1, 2]
+    assert first_difference(main_ppo.root / "joint" / "metrics.jsonl", main_ppo.root / "again" / "metrics.jsonl") is None
+    for replica in (0, 1):
+        assert synced(again.log, replica) == synced(first.log, replica)
+        assert len({fp for _, fp in synced(again.log, replica)}) == 3  # the weights changed at each step
 
 
 @pytest.mark.full  # resuming two agents' checkpoints runs end to end in CI in test_lora_e2e.py (adapters, same trainer code)
