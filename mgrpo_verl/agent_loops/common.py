@@ -122,10 +122,6 @@ def trajectory_origin(row: Mapping[str, Any]) -> Optional[str]:
     return f"{split if split is not None else '-'}/{row['index']}/{int(row.get('session_id', 0) or 0)}"
 
 
-def _seed_of(key: bytes, label: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key + b"|" + label.encode(), digest_size=8).digest(), "little") >> 1
-
-
 class SeedStream:
     """The seeds of one trajectory's sampled requests, in the order the trajectory makes them; a parallel branch
     (one sub-agent call, one agent's completion at a tree node) takes a :meth:`child` of its own.
@@ -146,7 +142,8 @@ class SeedStream:
         if self.key is None or "seed" in sampling_params:
             return sampling_params
         self._calls += 1
-        return {**sampling_params, "seed": _seed_of(self.key, f"call {self._calls - 1}")}
+        digest = hashlib.blake2b(self.key + f"|call {self._calls - 1}".encode(), digest_size=8).digest()
+        return {**sampling_params, "seed": int.from_bytes(digest, "little") >> 1}  # < 2**63: any engine's int64
 
     def child(self, label: str) -> SeedStream:
         """The stream of the branch ``label`` (unique within this trajectory, the same on every run)."""
@@ -161,7 +158,8 @@ def trajectory_seeds(loop: AgentLoopBase, row: Mapping[str, Any]) -> SeedStream:
     origin = trajectory_origin(row)
     if origin is None or not per_config(loop.config, _trajectory_seeds_on):
         return SeedStream(None)
-    prompt = json.dumps(list(row.get("raw_prompt") or []), sort_keys=True, default=str)
+    raw = row.get("raw_prompt")  # a list or a numpy array of messages (no truth value: not `or []`)
+    prompt = json.dumps([] if raw is None else list(raw), sort_keys=True, default=str)
     material = f"{setting(loop.rollout_config, 'seed', 0)}|{row.get('global_steps', -1)}|{origin}|{prompt}"
     return SeedStream(hashlib.blake2b(material.encode(), digest_size=16).digest())
 

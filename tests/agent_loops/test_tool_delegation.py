@@ -742,3 +742,13 @@ def test_trajectory_seeds_off_auto_and_a_requests_own_seed(tokenizer):
     assert asyncio.run(own_seed()) == [11] * 4
     with pytest.raises(InstantiationException, match="multi_agent.trajectory_seeds"):
         seeds_of_a_rollout(tokenizer, seeded_config("yes"))
+
+
+def test_trajectory_seeds_of_a_prompt_held_in_a_numpy_array(tokenizer):
+    """verl may hand ``raw_prompt`` over as a numpy array of messages (parquet): the same seeds as the list."""
+    import numpy as np
+
+    messages = [{"role": "system", "content": "Be brief."}, *relay.tool_main_messages()]
+    as_list = seeds_of_a_rollout(tokenizer, seeded_config(), raw_prompt=messages)
+    as_array = seeds_of_a_rollout(tokenizer, seeded_config(), raw_prompt=np.array(messages, dtype=object))
+    assert as_list == as_array and None not in as_list[0]
