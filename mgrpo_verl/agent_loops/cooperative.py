@@ -49,6 +49,14 @@ def _settings(config: Any) -> tuple[MAGRPOConfig, CooperationConfig]:
     return ma.magrpo, ma.cooperation
 
 
+def _end_token(tokenizer: Any) -> int:
+    """The token a failed completion's row holds: the tokenizer's EOS, else its pad token, else 0."""
+    for token in (tokenizer.eos_token_id, tokenizer.pad_token_id):
+        if isinstance(token, int):
+            return token
+    return 0
+
+
 @dataclass
 class _Node:
     node_id: str
@@ -99,13 +107,16 @@ class CooperativeLoop(AgentLoopBase):
         out = []
         for node, name, prompt_ids, gen, outcome in rows:
             parent_id = node.node_id.rsplit(".", 1)[0] if "." in node.node_id else ""
+            response, mask, log_probs = gen.token_ids, [1] * len(gen.token_ids), gen.log_probs
+            if not response:  # failed or empty: one masked end token (verl's row puts its reward on the last one)
+                response, mask, log_probs = [_end_token(agents[name].tokenizer)], [0], [0.0]
             info = {k: float(outcome.info.get(k, 0.0)) for k in (*task.info_keys, REWARD_ERRORS)}
             out.append(
                 AgentLoopOutput(
                     prompt_ids=prompt_ids,
-                    response_ids=gen.token_ids,
-                    response_mask=[1] * len(gen.token_ids),
-                    response_logprobs=gen.log_probs,
+                    response_ids=response,
+                    response_mask=mask,
+                    response_logprobs=log_probs,
                     reward_score=float(outcome.reward),
                     num_turns=2,
                     metrics=AgentLoopMetrics(generate_sequences=gen.seconds),

@@ -134,9 +134,16 @@ def test_two_turns_histories_and_early_termination(tokenizer, toy):
 
 
 def test_failed_generation_is_an_empty_completion(tokenizer, toy):
+    """A failed generation is scored as the empty text; its row holds one masked EOS token (no loss), because verl's
+    row writes the reward on the last response token: an empty response crashed the step (a SmolLM2 run whose
+    step-2 generations all timed out, 2026-12-07)."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
     rows, _ = run(tokenizer, config(G=2), {"a": ["1", None], "b": ["1", "1"]})
     failed = [r for r in rows if r.extra_fields["magrpo"]["node_id"] == "1" and r.extra_fields["mgrpo"]["agent"] == "a"][0]
-    assert failed.response_ids == [] and failed.extra_fields["mgrpo"]["score"] == 0.5
+    assert failed.response_ids == [tokenizer.eos_token_id] and failed.response_mask == [0]
+    assert failed.response_logprobs == [0.0] and failed.extra_fields["mgrpo"]["score"] == 0.5
+    list_of_dict_to_tensordict([r.as_dict() for r in rows])  # what verl's TransferQueue loop does with them
     assert all(r.extra_fields["mgrpo"]["failed_calls"] == 1 for r in rows)
 
 
