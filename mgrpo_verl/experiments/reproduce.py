@@ -181,8 +181,8 @@ NOT_REPRODUCIBLE = ("timing_s/", "timing_per_token_ms/", "perf/", "rollout_probs
 def first_difference(a: Path, b: Path) -> dict[str, Any] | None:
     """The first logged metric (by step, then name) on which two runs' ``metrics.jsonl`` differ, or ``None``: every
     metric but :data:`NOT_REPRODUCIBLE` ones must be logged by both at the same steps, numbers equal to 1e-9 (relative;
-    the validation means are sums over rows in finish order). Returns ``{"step", "metric", "a", "b"}``, and
-    ``compared`` (metrics compared) when there is no difference."""
+    the validation means are sums over rows in finish order). A difference is ``{"step", "metric", "a", "b"}``; a
+    missing file, or two files with no metric to compare, count as one (``step`` None, ``metric`` saying which)."""
     runs = []
     for path in (a, b):
         if not path.is_file():
