@@ -33,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mgrpo_verl.launcher.step_progress import read_metrics
+
 #: Stages in run order, with what each one exercises.
 STAGES: dict[str, str] = {
     "A1": "verl FSDP actor (CUDA) + our HF rollout on the GPU; one model (the sub-agent shares main's model)",
@@ -279,21 +281,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- metrics
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """verl's ``file`` logger output: one ``{"step": n, "data": {...}}`` per line; bad lines are skipped."""
-    records = []
-    if not path.is_file():
-        return records
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("data"), dict):
-            records.append(rec)
-    return records
 
 
 def _num(value: Any) -> float | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from mgrpo_verl.experiments.baselines import VARIANTS
 from mgrpo_verl.experiments.logged_run import run_streamed
-from mgrpo_verl.launcher.step_progress import read_series
+from mgrpo_verl.launcher.step_progress import metrics_by_step, read_metrics, read_series
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -187,8 +187,7 @@ def first_difference(a: Path, b: Path) -> dict[str, Any] | None:
     for path in (a, b):
         if not path.is_file():
             return {"step": None, "metric": f"({path} missing)", "a": None, "b": None}
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        runs.append({r["step"]: r["data"] for r in records})
+        runs.append(metrics_by_step(read_metrics(path)))
     compared = 0
     for step in sorted(set(runs[0]) | set(runs[1])):
         x, y = runs[0].get(step, {}), runs[1].get(step, {})

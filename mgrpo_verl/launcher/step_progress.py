@@ -33,21 +33,40 @@ def is_exact_key(key: str) -> bool:
     return key.startswith(EXACT_PREFIX) and EXACT_INFIX in key
 
 
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of verl's ``file`` logger output (one ``{"step": n, "data": {...}}`` per line); blank or bad
+    lines (a run cut while writing) are skipped; ``[]`` when the file is missing."""
+    records = []
+    if not path.is_file():
+        return records
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("data"), dict):
+            records.append(record)
+    return records
+
+
+def metrics_by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """step -> every metric logged at that step (a step may be logged in several records)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for record in records:
+        merged.setdefault(record["step"], {}).update(record["data"])
+    return merged
+
+
 def read_series(metrics_file: Path, key: Optional[str] = None) -> dict[int, float]:
     """step -> value of ``key`` in verl's JSON-lines metrics file (``None``: held-out exact accuracy, the first
     :func:`is_exact_key` key of each record; step 0 is the validation before training); ``{}`` when the file is
     missing."""
     series: dict[int, float] = {}
-    if not metrics_file.is_file():
-        return series
-    for line in metrics_file.read_text().splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        data = record.get("data", {})
+    for record in read_metrics(metrics_file):
+        data = record["data"]
         name = key if key is not None else next((k for k in data if is_exact_key(k)), None)
         if name is not None and name in data:
-            series[int(record["step"])] = float(data[name])
+            series[record["step"]] = float(data[name])
     return series
 
 

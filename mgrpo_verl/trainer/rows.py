@@ -64,8 +64,10 @@ class RowTable:
         return self.parent_row < 0
 
 
-def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -> RowTable:
-    """Read the rows' metadata (:meth:`~mgrpo_verl.rowmeta.RowMeta.read`) and resolve the hierarchy.
+def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any],
+                    metas: list[RowMeta] | None = None) -> RowTable:  # fmt: skip
+    """Read the rows' metadata (:meth:`~mgrpo_verl.rowmeta.RowMeta.read`; ``metas``: already read from
+    ``extra_fields``) and resolve the hierarchy.
 
     Raises:
         ValueError: a row without the row contract (its agent loop is not a multi-agent loop), a missing or
@@ -74,7 +76,10 @@ def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -
     """
     if not (len(keys) == len(uids) == len(extra_fields)):
         raise ValueError(f"row table: {len(keys)} keys, {len(uids)} uids, {len(extra_fields)} extra_fields")
-    metas = [RowMeta.read(extra, key) for key, extra in zip(keys, extra_fields)]
+    if metas is None:
+        metas = [RowMeta.read(extra, key) for key, extra in zip(keys, extra_fields)]
+    elif len(metas) != len(keys):
+        raise ValueError(f"row table: {len(keys)} keys, {len(metas)} metas")
     table = dict(
         keys=np.array(keys, dtype=object),
         agent=np.array([m.agent for m in metas], dtype=object),
@@ -95,8 +100,8 @@ def build_row_table(keys: list[str], uids: list[str], extra_fields: list[Any]) -
     return RowTable(**table, score=score, parent_row=parent_row, nodes=nodes)
 
 
-def trajectory_order(keys: list[str], extra_fields: list[Any]) -> np.ndarray:
-    """(N,) int64 permutation putting a step's rows in trajectory order: by their trajectory's
+def trajectory_order(keys: list[str], metas: list[RowMeta]) -> np.ndarray:
+    """(N,) int64 permutation putting a step's rows (their keys and metadata) in trajectory order: by their trajectory's
     :attr:`~mgrpo_verl.rowmeta.RowMeta.origin` (the same on every run), then by their place among its outputs (the
     last field of the key ``{uid}_{session}_{index}``). Rows without an origin come last, in the order given.
 
@@ -104,7 +109,7 @@ def trajectory_order(keys: list[str], extra_fields: list[Any]) -> np.ndarray:
     timing and machine load; which rows share an update's mini-batch (and the alignment's draws) follow row order,
     so two runs of one seed, with the same samples, would still train on different mini-batches."""
     def place(i: int) -> tuple:
-        origin = RowMeta.read(extra_fields[i], keys[i]).origin
+        origin = metas[i].origin
         index = keys[i].rsplit("_", 1)[-1]
         if origin is None or not index.isdigit():
             return (1, "", i)
@@ -341,9 +346,11 @@ def read_row_table(batch):
 
     data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
     uids, extra_fields = as_list(data["uid"]), as_list(data["extra_fields"])
-    order = trajectory_order(list(batch.keys), extra_fields).tolist()
+    metas = [RowMeta.read(extra, key) for key, extra in zip(batch.keys, extra_fields)]
+    order = trajectory_order(list(batch.keys), metas).tolist()
     batch = dataclasses.replace(batch, keys=[batch.keys[i] for i in order], tags=[batch.tags[i] for i in order])
-    return batch, build_row_table(list(batch.keys), [uids[i] for i in order], [extra_fields[i] for i in order])
+    return batch, build_row_table(list(batch.keys), [uids[i] for i in order], [extra_fields[i] for i in order],
+                                  metas=[metas[i] for i in order])
 
 
 def as_list(values) -> list:

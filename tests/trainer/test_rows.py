@@ -16,6 +16,7 @@ import pytest
 
 from mgrpo_verl.algorithms.alignment import plan_resolved_alignment
 from mgrpo_verl.algorithms.config import MGRPOConfig
+from mgrpo_verl.rowmeta import RowMeta
 from mgrpo_verl.trainer.rows import COPY_INDEX_BASE, RowTable, build_row_table, copy_keys, plan_update_sets, scalar_advantages
 
 
@@ -81,6 +82,16 @@ def test_unknown_algorithm_is_an_error():
 def test_bad_row_metadata(extra, match):
     with pytest.raises(ValueError, match=match):
         build_row_table(["q_0_0"], ["q"], [extra])
+
+
+def test_row_table_from_metadata_read_before_is_the_same_table():
+    keys, uids, extra = (list(c) for c in zip(*ROWS))
+    metas = [RowMeta.read(e, k) for k, e in zip(keys, extra)]
+    a, b = build_row_table(keys, uids, extra), build_row_table(keys, uids, extra, metas=metas)
+    for name in ("keys", "agent", "uid", "traj_id", "parent_traj_id", "score", "parent_row"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    with pytest.raises(ValueError, match="4 keys, 3 metas"):
+        build_row_table(keys, uids, extra, metas=metas[:3])
 
 
 def test_orphan_sub_row_is_an_error():

@@ -40,7 +40,7 @@ import fake_tq  # noqa: E402
 
 from mgrpo_verl.algorithms.alignment import plan_resolved_alignment  # noqa: E402
 from mgrpo_verl.algorithms.config import MGRPOConfig  # noqa: E402
-from mgrpo_verl.rowmeta import ROW_META  # noqa: E402
+from mgrpo_verl.rowmeta import ROW_META, RowMeta  # noqa: E402
 from mgrpo_verl.trainer.rows import (  # noqa: E402
     COPY_INDEX_BASE,
     copy_keys,
@@ -262,4 +262,5 @@ def test_trajectory_order_keeps_rows_without_an_origin_last_in_their_order():
     keys = ["a_0_0", "b_0_0", "c_0_1", "d_0_0", "c_0_0"]
     extras = [extra(), extra("val/3/0"), extra("train/10/0"), extra(), extra("train/10/0")]
     # "train/10/0" < "val/3/0" as strings; within train/10/0 output 0 before output 1; then a, d as given
-    np.testing.assert_array_equal(trajectory_order(keys, extras), [4, 2, 1, 0, 3])
+    metas = [RowMeta.read(e, k) for k, e in zip(keys, extras)]
+    np.testing.assert_array_equal(trajectory_order(keys, metas), [4, 2, 1, 0, 3])
