@@ -38,6 +38,10 @@ AGENT_LOOP_NAME = COOP_LOOP_NAME
 #: finite, or took longer than :data:`REWARD_TIMEOUT_S`) and was scored 0; its mean is the failure rate.
 REWARD_ERRORS = "reward/errors"
 
+#: ``reward_extra_info`` key: 1.0 on a row whose own completion failed (raised, or took longer than
+#: ``multi_agent.cooperation.timeout_s``) and was the empty text; its mean is the failure rate.
+GENERATION_ERRORS = "generation/errors"
+
 #: Seconds one joint reward may take (the coding reward's sandbox stops its programs well before).
 REWARD_TIMEOUT_S = 120.0
 
@@ -55,6 +59,10 @@ def _end_token(tokenizer: Any) -> int:
         if isinstance(token, int):
             return token
     return 0
+
+
+#: The completion of a failed generation (one object: a row tells it by identity from an empty one).
+_FAILED = common.Generation([], [], {}, None, 0.0)
 
 
 @dataclass
@@ -111,6 +119,7 @@ class CooperativeLoop(AgentLoopBase):
             if not response:  # failed or empty: one masked end token (verl's row puts its reward on the last one)
                 response, mask, log_probs = [_end_token(agents[name].tokenizer)], [0], [0.0]
             info = {k: float(outcome.info.get(k, 0.0)) for k in (*task.info_keys, REWARD_ERRORS)}
+            info[GENERATION_ERRORS] = float(gen is _FAILED)
             out.append(
                 AgentLoopOutput(
                     prompt_ids=prompt_ids,
@@ -154,7 +163,7 @@ class CooperativeLoop(AgentLoopBase):
         for (name, _), gen in zip(calls, results):
             if gen is None:
                 n_failed += 1
-                gen = common.Generation([], [], {}, None, 0.0)
+                gen = _FAILED
             by_agent[name].append(gen)
         names = list(agents)
         if s.joint_mode == "aligned":
@@ -193,7 +202,7 @@ class CooperativeLoop(AgentLoopBase):
         try:
             return await asyncio.wait_for(
                 common.generate(agent.client, uuid4().hex, prompt_ids, sampling_params, agent.response_tokens),
-                timeout=self.cooperation.timeout_s,
+                timeout=self.cooperation.timeout_s,  # None: no limit
             )
         except Exception as exc:  # a failed generation is an empty completion, counted
             logger.warning("agent %r generation failed: %r", agent.name, exc)

@@ -222,8 +222,12 @@ class CooperationConfig(BaseConfig):
     response_tokens: int = 64
     """New tokens of one agent's completion (>= 1), also capped by its rollout ``response_length``."""
 
-    timeout_s: float = 120.0
-    """Seconds one generation may take; a failed or timed-out one is the empty completion, counted."""
+    timeout_s: Optional[float] = None
+    """Seconds one generation may take (> 0), null: no limit, as verl's own agent loops. A failed or timed-out
+    generation is the empty completion, counted (``reward_extra_info["generation/errors"]``). The time includes the
+    request's wait in its server's queue, and validation sends every held-out task at once (the writing task: 32
+    articles x 2 agents x G = 256 requests): with SmolLM2 on 2 CPU cores a 120 s limit failed 241 of them
+    (2026-12-07), so a limit must leave room for the largest batch."""
 
     def __post_init__(self) -> None:
         p = "multi_agent.cooperation"
@@ -232,7 +236,9 @@ class CooperationConfig(BaseConfig):
         if self.termination_threshold is not None and not math.isfinite(self.termination_threshold):
             raise ValueError(f"{p}.termination_threshold must be null or a finite number, "
                              f"got {self.termination_threshold!r}")
-        _positive_finite(f"{p}.timeout_s", self.timeout_s)
+        if self.timeout_s is not None:
+            _positive_finite(f"{p}.timeout_s", self.timeout_s)
+            _set(self, "timeout_s", float(self.timeout_s))
 
 
 @dataclass

@@ -55,6 +55,9 @@ class Server:
     async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
         self.prompts.append(self.tokenizer.decode(prompt_ids))
         text = self.script.pop(0)
+        if isinstance(text, tuple):  # (seconds, text): a slow answer
+            await asyncio.sleep(text[0])
+            text = text[1]
         if text is None:
             raise RuntimeError("server down")
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -72,12 +75,13 @@ class Manager:
         raise AssertionError("the cooperative loop asks for_agent")
 
 
-def config(G=2, mode="aligned", turns=1, threshold=None):
+def config(G=2, mode="aligned", turns=1, threshold=None, timeout_s=None):
     return OmegaConf.create({
         "actor_rollout_ref": {"model": {"path": "/m"}, "rollout": {"prompt_length": 256, "response_length": 16}},
         "data": {},
         "multi_agent": {"magrpo": {"num_generations": G, "joint_mode": mode},
-                        "cooperation": {"num_turns": turns, "termination_threshold": threshold, "response_tokens": 4}},
+                        "cooperation": {"num_turns": turns, "termination_threshold": threshold, "response_tokens": 4,
+                                        "timeout_s": timeout_s}},
     })
 
 
@@ -110,8 +114,8 @@ def test_single_turn_aligned(tokenizer, toy):
     assert tokenizer.decode(rows[2].response_ids) == "0" and rows[2].response_mask == [1]
     assert rows[0].extra_fields["mgrpo"]["traj_id"] == "u/0/0/a" and rows[0].extra_fields["mgrpo"]["parent_traj_id"] == ""
     # acc: mean joint reward of the leaves (0.75); the task's reward parts on every row
-    assert rows[0].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 2.0, "reward/errors": 0.0}
-    assert rows[3].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 1.0, "reward/errors": 0.0}
+    assert rows[0].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 2.0, "reward/errors": 0.0, "generation/errors": 0.0}
+    assert rows[3].extra_fields["reward_extra_info"] == {"acc": 0.75, "ones": 1.0, "reward/errors": 0.0, "generation/errors": 0.0}
 
 
 def test_cross_mode_takes_every_combination(tokenizer, toy):
@@ -145,6 +149,21 @@ def test_failed_generation_is_an_empty_completion(tokenizer, toy):
     assert failed.response_logprobs == [0.0] and failed.extra_fields["mgrpo"]["score"] == 0.5
     list_of_dict_to_tensordict([r.as_dict() for r in rows])  # what verl's TransferQueue loop does with them
     assert all(r.extra_fields["mgrpo"]["failed_calls"] == 1 for r in rows)
+    # the failure rate validation reports: 1 on the failed row only (b's row of node 1 holds a real completion)
+    assert [r.extra_fields["reward_extra_info"]["generation/errors"] for r in rows] == [0.0, 0.0, 1.0, 0.0]
+    assert [meta(r)[:4:3] for r in rows] == [("0", "a"), ("0", "b"), ("1", "a"), ("1", "b")]
+
+
+def test_a_slow_generation_fails_only_past_the_configured_timeout(tokenizer, toy):
+    """The limit includes the wait in the server's queue, so by default there is none (validation sends every
+    task at once: a 120 s limit failed 241 of 256 SmolLM2 generations on 2 CPU cores)."""
+    slow = {"a": [(0.3, "1"), "1"], "b": ["1", "1"]}
+    rows, _ = run(tokenizer, config(G=2), {k: list(v) for k, v in slow.items()})  # no limit: waits, scores 1.0
+    assert [r.extra_fields["mgrpo"]["score"] for r in rows] == [1.0] * 4
+    assert all(r.extra_fields["reward_extra_info"]["generation/errors"] == 0.0 for r in rows)
+    rows, _ = run(tokenizer, config(G=2, timeout_s=0.1), {k: list(v) for k, v in slow.items()})
+    assert [r.extra_fields["mgrpo"]["score"] for r in rows] == [0.5, 0.5, 1.0, 1.0]  # a's first completion timed out
+    assert [r.extra_fields["reward_extra_info"]["generation/errors"] for r in rows] == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_rows_give_magrpo_advantages(tokenizer, toy):
@@ -168,7 +187,7 @@ def test_a_reward_that_fails_scores_zero_and_is_counted(tokenizer, toy):
     assert {n: r.extra_fields["mgrpo"]["score"] for n, r in by_node.items()} == {"0": 0.0, "1": 0.0, "2": 1.0}
     assert {n: r.extra_fields["reward_extra_info"]["reward/errors"] for n, r in by_node.items()} == {"0": 1.0, "1": 1.0, "2": 0.0}
     assert rows[0].extra_fields["reward_extra_info"]["acc"] == pytest.approx(1 / 3)
-    assert all(set(r.extra_fields["reward_extra_info"]) == {"acc", "ones", "reward/errors"} for r in rows)
+    assert all(set(r.extra_fields["reward_extra_info"]) == {"acc", "ones", "reward/errors", "generation/errors"} for r in rows)
 
 
 def test_the_coding_task_scores_deeply_nested_code_instead_of_raising(tokenizer):

@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ReadonlyConfigError
 
 from mgrpo_verl.algorithms.config import MGRPOConfig
-from mgrpo_verl.config.schema import AgentConfig, DecoupledConfig, DelegationConfig, MultiAgentConfig
+from mgrpo_verl.config.schema import AgentConfig, DecoupledConfig, DelegationConfig, MultiAgentConfig, load_multi_agent
 from mgrpo_verl.config.plan import build_plan
 from mgrpo_verl.config.rules import agent_full_config, check_multi_agent, multi_agent_enabled
 
@@ -305,6 +305,8 @@ INVALID = {
     "sub_response_tokens": ({f"{_D}.sub_response_tokens": -4}, f"{_D}.sub_response_tokens"),
     "timeout_zero": ({f"{_D}.timeout_s": 0}, f"{_D}.timeout_s"),
     "timeout_string": ({f"{_D}.timeout_s": "1m"}, f"{_D}.timeout_s"),
+    "coop_timeout_zero": ({"multi_agent.cooperation.timeout_s": 0}, "multi_agent.cooperation.timeout_s"),
+    "coop_timeout_inf": ({"multi_agent.cooperation.timeout_s": float("inf")}, "multi_agent.cooperation.timeout_s"),
     "sub_agent_is_main": ({f"{_D}.sub_agent": "main"}, f"{_D}.sub_agent"),
     "sub_agent_unknown": ({f"{_D}.sub_agent": "helper"}, f"{_D}.sub_agent"),
     "no_sub_agent": ({f"{_A}.sub": _DELETE}, f"{_D}.sub_agent"),
@@ -694,3 +696,9 @@ def test_trainer_mode_is_mgrpo_or_the_roles_own():
     config.trainer.v1.trainer_mode = "mgrpo_decoupled_main"
     with pytest.raises(ValueError, match="trainer.v1.trainer_mode='mgrpo_decoupled_main' contradicts"):
         build_plan(config)
+
+
+def test_the_cooperation_timeout_is_off_by_default_and_a_number_when_set():
+    assert load_multi_agent(base_config()).cooperation.timeout_s is None
+    set_ = load_multi_agent(with_updates(base_config(), {"multi_agent.cooperation.timeout_s": 30})).cooperation
+    assert set_.timeout_s == 30.0 and isinstance(set_.timeout_s, float)
