@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -232,7 +233,9 @@ def plot(result: dict[str, Any], task: str, path: Path) -> None:
         ax.axhline(row["reward"], color=f"C{i}", linestyle=":", linewidth=1.5, label=f"before RL, {protocol}")
     ax.set_xlabel("training step")
     ax.set_ylabel("joint reward")
-    ax.set_title(f"MAGRPO on {task} (CPU; {result['models']}) vs the same agents before RL", fontsize=9)
+    # the label names every override: wrapped to the figure's width, without the table's Markdown backticks
+    title = f"MAGRPO on {task} (CPU; {result['models']}) vs the same agents before RL".replace("`", "")
+    ax.set_title(textwrap.fill(title, 110), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
