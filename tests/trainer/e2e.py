@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mgrpo_verl.launcher.step_progress import metrics_by_step as by_step
+
 # Steer platform choice or Ray; cleared so every run starts from the same state.
 CLEARED = ("VERL_PLATFORM", "MGRPO_VERL_DEVICE", "RAY_ADDRESS", "VERL_FILE_LOGGER_PATH", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
            "RAY_AUTH_TOKEN_PATH")
@@ -87,12 +89,6 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-def by_step(records: list[dict]) -> dict[int, dict]:
-    """step -> every metric logged at that step (verl logs a step's metrics in several records)."""
-    merged: dict[int, dict] = defaultdict(dict)
-    for record in records:
-        merged[record["step"]].update(record["data"])
-    return dict(merged)
 
 
 @dataclass
