@@ -523,6 +523,24 @@ def preempted(generations: list[Generation]) -> int:
     return sum(counts) if counts else -1
 
 
+class UnscoredRows:
+    """What the multi-agent trainer hands verl's agent loops in place of reward workers (it starts none: every
+    multi-agent loop scores its rows itself, :func:`output_row`'s ``reward_score``). verl's agent loop calls a
+    reward worker only for a trajectory whose last output has no ``reward_score``; this stand-in refuses it with
+    the rule, where an empty list would fail in ``random.choice``. Picklable: it travels to every agent-loop
+    worker."""
+
+    class _Refuse:
+        def remote(self, data: Any) -> None:
+            raise ValueError(
+                "an agent loop returned a trajectory whose last output has reward_score None: in multi-agent "
+                "mode the loop scores its own rows (reward_score and the RowMeta score on every row, "
+                "docs/agent_loops.md, 'Rows'); the multi-agent trainer starts no verl reward workers"
+            )
+
+    compute_score = _Refuse()
+
+
 def output_row(
     prompt_ids: list[int],
     response_ids: list[int],

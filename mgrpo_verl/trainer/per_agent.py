@@ -38,6 +38,7 @@ from verl.workers.config import HFModelConfig
 
 from mgrpo_verl.algorithms.alignment import plan_resolved_alignment
 from mgrpo_verl.config.schema import TRAINER_MODES
+from mgrpo_verl.agent_loops.common import UnscoredRows
 from mgrpo_verl.agent_loops.multi_client import MultiAgentLLMClient
 from mgrpo_verl.trainer import checkpoints as ckpt
 from mgrpo_verl.trainer.agents import (
@@ -122,7 +123,12 @@ class MultiAgentTrainer(PPOTrainer):
         together = len(self.agents) if self._start_together() else 1
         with ThreadPoolExecutor(together, thread_name_prefix="mgrpo-spawn") as spawner:
             list(spawner.map(self._spawn_workers, self.agents.values()))
-        self.reward_loop_manager = RewardLoopManager(config=self.config, rm_resource_pool=None)
+        # no reward workers: every multi-agent loop scores its rows itself (docs/agent_loops.md, "Rows"), so
+        # verl's would idle, each a process of its own (~330 MiB, torch and verl imported); verl's manager stays,
+        # empty, for the base class's checks (a reward model is refused in multi-agent mode: config/rules.py)
+        self.reward_loop_manager = RewardLoopManager(
+            config=OmegaConf.merge(self.config, {"reward": {"num_workers": 0}}), rm_resource_pool=None
+        )
         self.teacher_model_manager, self.distillation_config = None, None
         self._start_rollout_servers()
         for rt in self.agents.values():
@@ -242,6 +248,11 @@ class MultiAgentTrainer(PPOTrainer):
         for rank, (group, gpus) in enumerate(where):
             print(f"mgrpo placement: agent {rt.name} rank {rank} pool {pool} placement_group {group} bundle {rank} "
                   f"gpus {','.join(gpus)}", flush=True)
+
+    def get_reward_handles(self) -> list:
+        """What verl's agent loops get as reward workers: :class:`~mgrpo_verl.agent_loops.common.UnscoredRows`,
+        which refuses a trajectory a loop left unscored (none started, see ``_setup``)."""
+        return [UnscoredRows()]
 
     def _trainable(self) -> list[AgentRuntime]:
         return [rt for rt in self.agents.values() if rt.trainable]

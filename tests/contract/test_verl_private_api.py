@@ -246,6 +246,19 @@ SEAMS: tuple[Seam, ...] = (
          "driver, handed to run_ppo as its task_runner_class, of which run_ppo uses only .remote() and "
          ".run.remote(config) under ray.get (.options only for nsys profiling on CUDA)",
          behaviour="task_runner_hook"),
+    Seam(f"{AGENT_LOOP}:AgentLoopWorker._compute_score", (PER_AGENT, "mgrpo_verl/agent_loops/common.py"),
+         "the multi-agent trainer starts no reward workers (RewardLoopManager with reward.num_workers 0) and hands "
+         "the agent loops [UnscoredRows()]: verl calls a handle only for a trajectory whose last output has no "
+         "reward_score, as random.choice(handles).compute_score.remote(data)",
+         sha256="cf4b57719ad3c1b236e49fb99dddc4f6cf05bc0fb125e1475ce5c2534af2b742",
+         recheck="MultiAgentTrainer.get_reward_handles / common.UnscoredRows: verl must still skip scoring an output "
+                 "that has a reward_score, and call only compute_score.remote on a handle",
+         behaviour="unscored_rows_refused"),
+    Seam("verl.experimental.reward_loop.reward_loop:RewardLoopManager._init_reward_loop_workers", (PER_AGENT,),
+         "MultiAgentTrainer._setup builds verl's RewardLoopManager with reward.num_workers 0: it must then start "
+         "no worker (and need no other reward key)",
+         sha256="d502171166a15f3d2f07188c8824894c03636da30767c3132926aeae7138ab10",
+         recheck="MultiAgentTrainer._setup: that num_workers 0 still starts no RewardLoopWorker actor"),
     # ---- agent loops
     Seam(f"{TOOL_LOOP}:ToolAgentLoop._handle_generating_state", (TOOL_DELEGATION,),
          "ToolDelegationLoop overrides it: verl's step, then calls beyond the per-turn cap get an error",
@@ -519,6 +532,27 @@ def task_runner_hook(seam: Seam) -> None:
         f".remote() and .run.remote(config) only (and .options() is reached only under nsys)")
 
 
+def unscored_rows_refused(seam: Seam) -> None:
+    import asyncio
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, AgentLoopWorker
+
+    from mgrpo_verl.agent_loops.common import UnscoredRows
+
+    worker = object.__new__(AgentLoopWorker)  # the attributes _compute_score reads, as verl's __init__ sets them
+    worker.reward_loop_worker_handles, worker.processor, worker.mm_processor_kwargs = [UnscoredRows()], None, None
+
+    def output(score):
+        return AgentLoopOutput(prompt_ids=[1, 2], response_ids=[3], response_mask=[1], reward_score=score,
+                               num_turns=2, metrics=AgentLoopMetrics(), extra_fields={})
+
+    scored = [output(None), output(0.5)]  # only the last output counts: an earlier one without a score is fine
+    asyncio.run(worker._compute_score(scored, {}))
+    assert scored[-1].reward_score == 0.5 and "reward_extra_info" not in scored[-1].extra_fields, _where(seam)
+    with pytest.raises(ValueError, match="reward_score None: in multi-agent mode the loop scores its own rows"):
+        asyncio.run(worker._compute_score([output(None)], {}))
+
+
 def tool_loop_attributes(seam: Seam) -> None:
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
@@ -629,7 +663,7 @@ def logprobs_patch_guarded(seam: Seam) -> None:
 BEHAVIOURS: dict[str, Callable[[Seam], None]] = {
     f.__name__: f
     for f in (trainer_mode_readers, pool_attribute_readers, fields_none_reads_all, key_format_and_reward_copy,
-              keys_parsed_with_rsplit, ray_actor_class, task_runner_hook, tool_loop_attributes, agent_loop_registry, rollout_registry,
+              keys_parsed_with_rsplit, ray_actor_class, task_runner_hook, unscored_rows_refused, tool_loop_attributes, agent_loop_registry, rollout_registry,
               replica_registry, replica_class_hook, replica_server_fields, client_load_balancer, platform_singleton, engine_registry,
               logprobs_patch_guarded,
               patch_guarded)
