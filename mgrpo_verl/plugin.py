@@ -20,10 +20,12 @@ def ensure_registered() -> None:
     from mgrpo_verl.platform import register_cpu_platform
     from mgrpo_verl.platform._import_hooks import when_imported
     from mgrpo_verl.hf_rollout import register as register_hf_rollout
+    from mgrpo_verl.trainer.tq_storage import register as register_tq_storage
 
     when_imported("verl.trainer.ppo.core_algos", lambda _: import_module("mgrpo_verl.algorithms.verl_registry"))
     register_cpu_platform()
     register_hf_rollout()
+    register_tq_storage()
     register_multi_agent()
 
 
