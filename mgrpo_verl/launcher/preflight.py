@@ -280,7 +280,8 @@ def check_finished_run(plan: RunPlan) -> None:
     loop would then end at once (``0 steps``, reward ``nan -> nan``, exit 0, no reason given). Also raises, as a
     ``ValueError``, what the trainer's rule raises inside Ray (folders with no complete checkpoint, a bad
     ``resume_from_path``). Nothing is checked with ``resume_mode=disable``; the step bound only when
-    ``total_training_steps`` is set (null: verl derives it from the data inside Ray)."""
+    ``total_training_steps`` is set (null: verl derives it from the data inside Ray) and not with ``trainer.val_only``
+    (validating a finished run's checkpoint is what an evaluation does)."""
     from mgrpo_verl.trainer import checkpoints as ckpt
 
     trainer = plan.config.trainer
@@ -300,6 +301,8 @@ def check_finished_run(plan: RunPlan) -> None:
             folder = ckpt.resume_folder(mode, path, root, trainable)
         except ckpt.CheckpointError as err:
             raise ValueError(str(err)) from err
+    if trainer.get("val_only", False):  # an evaluation of the checkpoint (experiments/research_eval.py): no steps
+        return
     total = trainer.get("total_training_steps")
     step = None if folder is None else ckpt.step_of(folder)
     if step is None or not isinstance(total, int) or step < total:

@@ -109,3 +109,13 @@ def test_a_single_model_run_uses_verls_rule(run, tmp_path):
     err = run("trainer.total_training_steps=5", name="single_agent")
     assert isinstance(err, ValueError) and "at step 5" in str(err), repr(err)
     assert isinstance(run("trainer.total_training_steps=6", name="single_agent"), ReachedRay)
+
+
+def test_validating_a_finished_runs_checkpoint_passes(run, tmp_path):
+    """``trainer.val_only``: an evaluation (``experiments/research_eval.py`` resumes each system's last checkpoint with
+    the run's own step count) trains nothing, so a finished run is what it should load; refused before the fix with
+    the "train 0 steps" error above, which broke ``recipes/research_baselines.sh`` at its first evaluation."""
+    folder = save_checkpoint(tmp_path / "ckpt", 4)
+    err = run("trainer.total_training_steps=4", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={folder}",
+              "trainer.val_only=true")
+    assert isinstance(err, ReachedRay), repr(err)
