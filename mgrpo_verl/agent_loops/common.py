@@ -182,6 +182,13 @@ class Generation:
     seconds: float
 
 
+#: The completion of a failed generation (one object: a row tells it by identity from an empty one). Here, not in
+#: the loop modules that use it: they may be imported while this module is half-initialised (plugin.py's hooks
+#: fire inside its import of verl's agent_loop when this module is the first one imported), so they must not use its
+#: names at import time.
+FAILED_GENERATION = Generation([], [], {}, None, 0.0)
+
+
 @dataclass(frozen=True)
 class AgentHandle:
     """An agent as a loop calls it: its client, tokenizer and length caps (:func:`resolve_agent`)."""

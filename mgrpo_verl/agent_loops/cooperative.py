@@ -61,10 +61,6 @@ def _end_token(tokenizer: Any) -> int:
     return 0
 
 
-#: The completion of a failed generation (one object: a row tells it by identity from an empty one).
-_FAILED = common.Generation([], [], {}, None, 0.0)
-
-
 @dataclass
 class _Node:
     node_id: str
@@ -119,7 +115,7 @@ class CooperativeLoop(AgentLoopBase):
             if not response:  # failed or empty: one masked end token (verl's row puts its reward on the last one)
                 response, mask, log_probs = [_end_token(agents[name].tokenizer)], [0], [0.0]
             info = {k: float(outcome.info.get(k, 0.0)) for k in (*task.info_keys, REWARD_ERRORS)}
-            info[GENERATION_ERRORS] = float(gen is _FAILED)
+            info[GENERATION_ERRORS] = float(gen is common.FAILED_GENERATION)
             out.append(
                 AgentLoopOutput(
                     prompt_ids=prompt_ids,
@@ -163,7 +159,7 @@ class CooperativeLoop(AgentLoopBase):
         for (name, _), gen in zip(calls, results):
             if gen is None:
                 n_failed += 1
-                gen = _FAILED
+                gen = common.FAILED_GENERATION
             by_agent[name].append(gen)
         names = list(agents)
         if s.joint_mode == "aligned":
